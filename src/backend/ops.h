@@ -1,0 +1,97 @@
+// The op set a Qwen3.5 / DFlash forward needs. model/ is written once against this interface; the CPU backend
+// (the exact fp32 reference) and the CUDA backend implement it. Every op here has a CPU reference.
+//
+// Shapes use T for the number of tokens in the step. Activations are F32 on the CPU backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/tensor.h"
+
+namespace qspec {
+
+struct TensorView;
+
+// Memory owned by a backend (RAII); the Tensor it holds is a contiguous view of it.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  const Tensor& tensor() const { return tensor_; }
+
+ protected:
+  Tensor tensor_;
+};
+
+struct GdnShape {
+  int num_key_heads;    // nk
+  int num_value_heads;  // nv; value head h reads key head h / (nv / nk)
+  int key_head_dim;     // dk
+  int value_head_dim;   // dv
+};
+
+struct AttentionShape {
+  int num_heads;     // query heads; query head h reads KV head h / (num_heads / num_kv_heads)
+  int num_kv_heads;
+  int head_dim;
+  float scale;       // softmax scale, head_dim^-0.5
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory
+  virtual std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;
+  // A checkpoint tensor as a backend tensor [rows, cols] (CPU: a view of the mapping; GPU: a device copy).
+  virtual Tensor upload_weight(const TensorView& view, int64_t rows, int64_t cols) = 0;
+  virtual void write(const Tensor& dst, const void* host) = 0;  // dst contiguous, host has dst.numel() elements
+  virtual void read(void* host, const Tensor& src) = 0;         // src contiguous
+  virtual void fill_zero(const Tensor& dst) = 0;
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same shape and dtype, any strides
+  virtual void synchronize() = 0;
+
+  // ---- ops
+  // out[t] = table[ids[t]] ; ids I32 [T, 1], table [V, H] (any weight dtype)
+  virtual void embed(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
+  // RMSNorm over groups of weight.cols columns: y = x_hat * (unit_offset ? 1 + w : w)
+  virtual void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps,
+                       bool unit_offset) = 0;
+  // out = x W^T
+  virtual void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) = 0;
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // out = silu(gate) * up
+  virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // out = x * sigmoid(gate)
+  virtual void sigmoid_mul(const Tensor& out, const Tensor& x, const Tensor& gate) = 0;
+  // q_proj output [T, nh * 2 * hd] interleaved per head (query, gate) -> query [T, nh*hd], gate [T, nh*hd]
+  virtual void split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim) = 0;
+  // In place, NeoX (rotate-half) pairing (i, i + rotary_dim/2) over the first rotary_dim dims of each head.
+  // positions I32 [T, 1].
+  virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, double theta) = 0;
+  // cache[positions[t]] = x[t]
+  virtual void kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) = 0;
+  // Causal attention of q [T, nh*hd] over cache rows 0..positions[t] (inclusive) -> out [T, nh*hd].
+  virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const Tensor& positions, const AttentionShape& shape) = 0;
+  // Causal depthwise conv1d (kernel K = weight.cols, no bias) + SiLU over channels C.
+  // x [T, C]; state [C, K-1] holds the previous K-1 inputs (oldest first) and is updated.
+  virtual void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) = 0;
+  // beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias). b, a [T, nv]; a_log, dt_bias [1, nv].
+  virtual void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
+                         const Tensor& a_log, const Tensor& dt_bias) = 0;
+  // Gated delta rule over T tokens from `state` [nv * dk, dv] (fp32, updated). qkv [T, 2*nk*dk + nv*dv] is the
+  // conv output (q | k | v); q and k are L2-normalised inside (eps 1e-6) and q scaled by dk^-0.5.
+  // out [T, nv*dv].
+  virtual void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                const Tensor& state, const GdnShape& shape) = 0;
+  // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
+  virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
+                             float eps) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace qspec

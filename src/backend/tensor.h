@@ -1,0 +1,62 @@
+// A non-owning 2-D view of backend memory: rows x cols elements with `stride` elements between row starts.
+// Multi-head layouts are flattened into columns; ops take the head counts as arguments.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace qspec {
+
+struct Tensor {
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;
+  void* data = nullptr;
+
+  static Tensor make(DType dtype, int64_t rows, int64_t cols, void* data) {
+    return Tensor{dtype, rows, cols, cols, data};
+  }
+
+  bool empty() const { return data == nullptr; }
+  bool contiguous() const { return stride == cols || rows <= 1; }
+  int64_t numel() const { return rows * cols; }
+
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
+  template <typename T>
+  T* row(int64_t r) const {
+    return static_cast<T*>(data) + r * stride;
+  }
+
+  Tensor rows_view(int64_t first, int64_t count) const {
+    Tensor t = *this;
+    t.rows = count;
+    t.data = static_cast<char*>(data) + first * stride * static_cast<int64_t>(dtype_size(dtype));
+    return t;
+  }
+  Tensor cols_view(int64_t first, int64_t count) const {
+    Tensor t = *this;
+    t.cols = count;
+    t.data = static_cast<char*>(data) + first * static_cast<int64_t>(dtype_size(dtype));
+    return t;
+  }
+};
+
+// y = x W^T for W [out_features, in_features]: dense (BF16/F16/F32) or W4A16 (compressed-tensors pack-quantized:
+// int32 words of 8 nibbles along K, lowest nibble first, value = nibble - 8, times scale[n][k / group_size]).
+struct LinearWeight {
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+  Tensor weight;  // dense [N, K]; empty when quantized
+  Tensor packed;  // I32 [N, K/8]
+  Tensor scales;  // BF16/F16 [N, K/group_size]
+  int group_size = 0;
+
+  bool quantized() const { return !packed.empty(); }
+};
+
+}  // namespace qspec

@@ -1,0 +1,10 @@
+#include "cli/commands.h"
+
+namespace qspec::cli {
+
+void register_commands(CLI::App& app) {
+  register_inspect(app);
+  register_generate(app);
+}
+
+}  // namespace qspec::cli

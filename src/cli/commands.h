@@ -1,0 +1,15 @@
+// Each subcommand registers itself on the CLI app; its callback runs the command and throws qspec::Error on
+// bad input.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace qspec::cli {
+
+void register_commands(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_generate(CLI::App& app);
+
+}  // namespace qspec::cli

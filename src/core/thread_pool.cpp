@@ -1,0 +1,84 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace qspec {
+
+namespace {
+
+// Share i of n items split into `parts` nearly equal contiguous pieces.
+std::pair<size_t, size_t> share(size_t n, size_t parts, size_t i) {
+  size_t base = n / parts, extra = n % parts;
+  size_t begin = i * base + std::min(i, extra);
+  return {begin, begin + base + (i < extra ? 1 : 0)};
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(size_t threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  for (size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_loop(size_t index) {
+  size_t seen = 0;
+  for (;;) {
+    const std::function<void(size_t, size_t)>* job;
+    size_t n;
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      job = job_;
+      n = job_size_;
+    }
+    auto [b, e] = share(n, size(), index);
+    if (b < e) (*job)(b, e);
+    {
+      std::lock_guard lock(mutex_);
+      if (--pending_ == 0) work_done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  if (workers_.empty() || n == 1) {
+    fn(0, n);
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    job_ = &fn;
+    job_size_ = n;
+    pending_ = workers_.size();
+    ++generation_;
+  }
+  work_ready_.notify_all();
+  auto [b, e] = share(n, size(), 0);
+  if (b < e) fn(b, e);
+  std::unique_lock lock(mutex_);
+  work_done_.wait(lock, [&] { return pending_ == 0; });
+}
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool([] {
+    const char* env = std::getenv("QSPEC_THREADS");
+    return env ? static_cast<size_t>(std::strtoul(env, nullptr, 10)) : size_t{0};
+  }());
+  return pool;
+}
+
+}  // namespace qspec

@@ -1,0 +1,56 @@
+// config.json of Qwen3.5 checkpoints: Qwen3_5ForCausalLM (text config at the top level) and
+// Qwen3_5ForConditionalGeneration (nested text_config, tensors under model.language_model.).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/quant_config.h"
+
+namespace qspec {
+
+enum class LayerType { LinearAttention, FullAttention };
+
+struct Qwen35Config {
+  std::string architecture;   // as named in config.json "architectures"[0]
+  std::string tensor_prefix;  // "model.language_model." (wrapper) or "model." (causal LM)
+  std::vector<std::string> skipped_prefixes;  // "model.visual.", "mtp." : present in checkpoints, not loaded
+
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int vocab_size = 0;
+  float rms_norm_eps = 1e-6f;
+  bool tie_word_embeddings = false;
+  int max_position_embeddings = 0;
+  std::vector<LayerType> layer_types;
+  std::vector<int> eos_token_ids;
+
+  // gated full attention
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  int rotary_dim = 0;  // head_dim * partial_rotary_factor, even
+
+  // gated DeltaNet
+  int linear_num_key_heads = 0;
+  int linear_num_value_heads = 0;
+  int linear_key_head_dim = 0;
+  int linear_value_head_dim = 0;
+  int conv_kernel = 0;
+
+  std::optional<QuantizationConfig> quantization;  // compressed-tensors, when present
+
+  int linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
+
+  // Reads and validates DIR/config.json; throws Error naming the file and the field.
+  static Qwen35Config load(const std::string& dir);
+  static Qwen35Config parse(const std::string& json_text, const std::string& source);
+};
+
+}  // namespace qspec
