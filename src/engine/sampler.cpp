@@ -1,0 +1,68 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace qspec {
+
+int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) fail("argmax: empty logits");
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return int32_t(best);
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature))
+    fail("temperature: expected a finite value >= 0, got {}", params.temperature);
+  if (params.top_k < 0) fail("top_k: expected >= 0, got {}", params.top_k);
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) fail("top_p: expected a value in (0, 1], got {}", params.top_p);
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (params_.temperature == 0.0f) return argmax(logits);
+  candidates_.clear();
+  for (size_t i = 0; i < logits.size(); ++i) candidates_.emplace_back(logits[i], int32_t(i));
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  size_t keep = candidates_.size();
+  if (params_.top_k > 0 && size_t(params_.top_k) < keep) {
+    keep = size_t(params_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + ptrdiff_t(keep), candidates_.end(), by_logit);
+    candidates_.resize(keep);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  // Softmax of logit / temperature over the kept candidates, in double for a stable sum.
+  std::vector<double> probs(candidates_.size());
+  const double top = candidates_.front().first;
+  double total = 0.0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    probs[i] = std::exp((double(candidates_[i].first) - top) / params_.temperature);
+    total += probs[i];
+  }
+  // top-p: the smallest prefix (by probability) whose mass reaches top_p.
+  size_t count = candidates_.size();
+  if (params_.top_p < 1.0f) {
+    double mass = 0.0;
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      mass += probs[i] / total;
+      if (mass >= params_.top_p) {
+        count = i + 1;
+        break;
+      }
+    }
+  }
+  double kept_total = 0.0;
+  for (size_t i = 0; i < count; ++i) kept_total += probs[i];
+  double r = std::uniform_real_distribution<double>(0.0, kept_total)(rng_);
+  for (size_t i = 0; i < count; ++i) {
+    r -= probs[i];
+    if (r < 0.0) return candidates_[i].second;
+  }
+  return candidates_[count - 1].second;
+}
+
+}  // namespace qspec
