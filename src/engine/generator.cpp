@@ -33,15 +33,16 @@ GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<cons
       fail("prompt: token id {} outside the vocabulary [0, {})", id, config.vocab_size);
   const int64_t needed = state.n_past + int64_t(prompt.size()) + options.max_tokens;
   if (needed > state.max_context)
-    fail("prompt of {} tokens + max_tokens {} exceeds the context of {} tokens", prompt.size(), options.max_tokens,
-         state.max_context - state.n_past);
+    fail("prompt of {} tokens + max_tokens {} exceeds the context of {} tokens", prompt.size(),
+         options.max_tokens, state.max_context - state.n_past);
 
   GenerationResult result;
   result.finish_reason = "length";
   if (options.max_tokens == 0) return result;
 
   std::vector<int32_t> stops = options.stop_ids;
-  if (!options.ignore_eos) stops.insert(stops.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
+  if (!options.ignore_eos)
+    stops.insert(stops.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
   Sampler sampler(options.sampling);
   Backend& backend = model.backend();
 

@@ -19,18 +19,22 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature))
     fail("temperature: expected a finite value >= 0, got {}", params.temperature);
   if (params.top_k < 0) fail("top_k: expected >= 0, got {}", params.top_k);
-  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) fail("top_p: expected a value in (0, 1], got {}", params.top_p);
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
+    fail("top_p: expected a value in (0, 1], got {}", params.top_p);
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature == 0.0f) return argmax(logits);
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) candidates_.emplace_back(logits[i], int32_t(i));
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   size_t keep = candidates_.size();
   if (params_.top_k > 0 && size_t(params_.top_k) < keep) {
     keep = size_t(params_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + ptrdiff_t(keep), candidates_.end(), by_logit);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + ptrdiff_t(keep), candidates_.end(),
+                      by_logit);
     candidates_.resize(keep);
   } else {
     std::sort(candidates_.begin(), candidates_.end(), by_logit);

@@ -1,4 +1,5 @@
-// Token choice from one row of logits: greedy (temperature 0) or seeded sampling with temperature, top-k, top-p.
+// Token choice from one row of logits: greedy (temperature 0) or seeded sampling with temperature, top-k,
+// top-p.
 #pragma once
 
 #include <cstdint>

@@ -42,7 +42,7 @@ struct Qwen35Weights {
 // recurrent states, and the number of tokens consumed.
 struct Qwen35State {
   struct Layer {
-    std::unique_ptr<Buffer> k_cache, v_cache;            // [max_context, nkv * head_dim]
+    std::unique_ptr<Buffer> k_cache, v_cache;             // [max_context, nkv * head_dim]
     std::unique_ptr<Buffer> conv_state, recurrent_state;  // [conv_dim, kernel-1], [nv * dk, dv]
   };
   std::vector<Layer> layers;
@@ -51,9 +51,9 @@ struct Qwen35State {
 };
 
 struct ForwardOptions {
-  bool all_logits = false;          // logits of every row (verify, oracle tests), else of the last row only
-  bool logits = true;               // false: skip the head (e.g. prefill chunks before the last)
-  std::vector<int> hidden_layers;   // residual stream after these layers, for every row
+  bool all_logits = false;         // logits of every row (verify, oracle tests), else of the last row only
+  bool logits = true;              // false: skip the head (e.g. prefill chunks before the last)
+  std::vector<int> hidden_layers;  // residual stream after these layers, for every row
 };
 
 // Backend tensors owned by the model's workspace, valid until the next forward.
@@ -79,8 +79,10 @@ class Qwen35Model {
  private:
   struct Workspace;
   void ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count);
-  void gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x, const Tensor& out);
-  void gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x, const Tensor& out);
+  void gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
+                       const Tensor& out);
+  void gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
+                       const Tensor& out);
   void mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out);
 
   Qwen35Config config_;
