@@ -1,0 +1,81 @@
+// Causal attention of query rows over a KV cache: query row t sees cache rows 0..positions[t] inclusive; GQA
+// maps query head h to KV head h / (num_heads / num_kv_heads). Softmax in fp32 with max subtraction.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/checks.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/math.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace qspec::cpu {
+
+namespace {
+
+void check_attention_args(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& positions, const AttentionShape& shape) {
+  require_activation("attention", "q", q);
+  require_activation("attention", "out", out);
+  require_activation("attention", "k_cache", k_cache);
+  require_activation("attention", "v_cache", v_cache);
+  if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.num_heads % shape.num_kv_heads != 0)
+    fail("attention: num_heads {} must be a positive multiple of num_kv_heads {} (head_dim {})",
+         shape.num_heads, shape.num_kv_heads, shape.head_dim);
+  const int64_t q_cols = int64_t{shape.num_heads} * shape.head_dim;
+  const int64_t kv_cols = int64_t{shape.num_kv_heads} * shape.head_dim;
+  require_shape("attention", "q", q, q.rows, q_cols);
+  require_shape("attention", "out", out, q.rows, q_cols);
+  require_shape("attention", "k_cache", k_cache, k_cache.rows, kv_cols);
+  require_shape("attention", "v_cache", v_cache, k_cache.rows, kv_cols);
+  require_indices("attention", "positions", positions, q.rows);
+  for (int64_t t = 0; t < q.rows; ++t) {
+    int32_t position = positions.row<int32_t>(t)[0];
+    if (position < 0 || position >= k_cache.rows)
+      fail("attention: position {} (row {}) is outside the cache of {} rows", position, t, k_cache.rows);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const Tensor& positions, const AttentionShape& shape) {
+  check_attention_args(out, q, k_cache, v_cache, positions, shape);
+  const int64_t dim = shape.head_dim;
+  const int heads_per_kv = shape.num_heads / shape.num_kv_heads;
+  // One task per (query row, head): each writes its own slice of out.
+  const auto tasks = static_cast<size_t>(q.rows * shape.num_heads);
+  ThreadPool::global().parallel_for(tasks, [&](size_t begin, size_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(static_cast<size_t>(dim));
+    for (size_t task = begin; task < end; ++task) {
+      const auto t = static_cast<int64_t>(task / static_cast<size_t>(shape.num_heads));
+      const auto head = static_cast<int64_t>(task % static_cast<size_t>(shape.num_heads));
+      const int64_t kv_offset = head / heads_per_kv * dim;
+      const float* query = q.row<float>(t) + head * dim;
+      const int64_t keys = positions.row<int32_t>(t)[0] + 1;
+      scores.resize(static_cast<size_t>(keys));
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < keys; ++j) {
+        scores[j] = dot(query, k_cache.row<float>(j) + kv_offset, dim) * shape.scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j < keys; ++j) {
+        scores[j] = std::exp(scores[j] - max_score);
+        total += scores[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < keys; ++j) {
+        const float* value = v_cache.row<float>(j) + kv_offset;
+        const float weight = scores[j] / total;
+        for (int64_t d = 0; d < dim; ++d) acc[d] += weight * value[d];
+      }
+      std::copy(acc.begin(), acc.end(), out.row<float>(t) + head * dim);
+    }
+  });
+}
+
+}  // namespace qspec::cpu

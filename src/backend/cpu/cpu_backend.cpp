@@ -1,0 +1,85 @@
+// Memory of the CPU backend, and the factory.
+#include "backend/cpu/cpu_backend.h"
+
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/checks.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace qspec {
+
+namespace cpu {
+
+namespace {
+
+class CpuBuffer final : public Buffer {
+ public:
+  CpuBuffer(DType dtype, int64_t rows, int64_t cols)
+      : storage_((static_cast<size_t>(rows * cols) * dtype_size(dtype) + sizeof(uint64_t) - 1) /
+                 sizeof(uint64_t)) {
+    tensor_ = Tensor::make(dtype, rows, cols, storage_.data());
+  }
+
+ private:
+  std::vector<uint64_t> storage_;  // 8-byte words: aligned for every dtype, and zero-initialised
+};
+
+size_t row_bytes(const Tensor& t) {
+  return static_cast<size_t>(t.cols) * dtype_size(t.dtype);
+}
+
+void require_contiguous(std::string_view op, std::string_view arg, const Tensor& t) {
+  if (!t.contiguous()) fail("{}: {} must be contiguous (stride {} != {} columns)", op, arg, t.stride, t.cols);
+}
+
+}  // namespace
+
+std::unique_ptr<Buffer> CpuBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) fail("alloc: negative shape [{}, {}]", rows, cols);
+  return std::make_unique<CpuBuffer>(dtype, rows, cols);
+}
+
+Tensor CpuBackend::upload_weight(const TensorView& view, int64_t rows, int64_t cols) {
+  int64_t numel = std::accumulate(view.shape.begin(), view.shape.end(), int64_t{1}, std::multiplies<>());
+  if (rows < 0 || cols < 0 || numel != rows * cols)
+    fail("upload_weight: tensor {} has shape [{}] ({} elements), expected [{}, {}]", view.name,
+         fmt::join(view.shape, ", "), numel, rows, cols);
+  // The view of the read-only mapping is exposed as mutable memory only because Tensor has one pointer type;
+  // ops never write their weight arguments.
+  return Tensor::make(view.dtype, rows, cols, const_cast<uint8_t*>(view.data));
+}
+
+void CpuBackend::write(const Tensor& dst, const void* host) {
+  require_contiguous("write", "dst", dst);
+  if (dst.numel() > 0) std::memcpy(dst.data, host, row_bytes(dst) * static_cast<size_t>(dst.rows));
+}
+
+void CpuBackend::read(void* host, const Tensor& src) {
+  require_contiguous("read", "src", src);
+  if (src.numel() > 0) std::memcpy(host, src.data, row_bytes(src) * static_cast<size_t>(src.rows));
+}
+
+void CpuBackend::fill_zero(const Tensor& dst) {
+  for (int64_t r = 0; r < dst.rows; ++r) std::memset(dst.row<char>(r), 0, row_bytes(dst));
+}
+
+void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype)
+    fail("copy: dst is {} but src is {}", dtype_name(dst.dtype), dtype_name(src.dtype));
+  require_shape("copy", "dst", dst, src.rows, src.cols);
+  for (int64_t r = 0; r < dst.rows; ++r) std::memmove(dst.row<char>(r), src.row<char>(r), row_bytes(dst));
+}
+
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<cpu::CpuBackend>();
+}
+
+}  // namespace qspec

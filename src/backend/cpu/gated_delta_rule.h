@@ -1,0 +1,21 @@
+// The gated delta rule of Gated DeltaNet in two fp32 forms of the same math (arguments as
+// Backend::gated_delta_rule): the per-token recurrence, and HF's chunked algorithm
+// (torch_chunk_gated_delta_rule). Per value head h, with S[i_k][j_v] and per-token decay exp(g):
+//   S = exp(g) S ;  delta = beta (v - S^T k) ;  S += k delta^T ;  o = S^T q
+// The backend op uses the recurrence for T == 1 and the chunked form for T > 1; tests may call either on any
+// T.
+#pragma once
+
+#include "backend/ops.h"
+
+namespace qspec::cpu {
+
+inline constexpr int kGdnChunkSize = 64;
+
+void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                const Tensor& state, const GdnShape& shape);
+
+void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                              const Tensor& state, const GdnShape& shape, int chunk_size = kGdnChunkSize);
+
+}  // namespace qspec::cpu

@@ -1,0 +1,70 @@
+// out = x W^T for dense BF16/F16/F32 weights and W4A16 (compressed-tensors pack-quantized) weights. Each
+// weight row is decoded to fp32 once and dotted with every row of x (fp32 accumulation).
+#include <functional>
+#include <vector>
+
+#include "backend/cpu/checks.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/math.h"
+#include "backend/cpu/weight_values.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace qspec::cpu {
+
+namespace {
+
+using RowDecoder = std::function<void(int64_t row, float* out)>;
+
+void check_dense(const LinearWeight& w) {
+  require_weight("linear", "weight", w.weight);
+  require_shape("linear", "weight", w.weight, w.out_features, w.in_features);
+}
+
+void check_w4a16(const LinearWeight& w) {
+  if (w.in_features % 8 != 0)
+    fail("linear: W4A16 in_features {} is not a multiple of 8 (nibbles per packed word)", w.in_features);
+  if (w.group_size <= 0) fail("linear: W4A16 group_size must be positive, got {}", w.group_size);
+  require_dtype("linear", "packed weight", w.packed, DType::I32);
+  require_shape("linear", "packed weight", w.packed, w.out_features, w.in_features / 8);
+  require_weight("linear", "scales", w.scales);
+  require_shape("linear", "scales", w.scales, w.out_features,
+                (w.in_features + w.group_size - 1) / w.group_size);
+}
+
+// Word k/8 holds 8 nibbles along K, lowest nibble first; value = (nibble - 8) * scale[n][k / group_size].
+void dequantize_w4a16_row(const LinearWeight& w, int64_t n, float* out) {
+  const auto* words = w.packed.row<uint32_t>(n);
+  for (int64_t k = 0; k < w.in_features; ++k) {
+    int nibble = static_cast<int>((words[k / 8] >> (4 * (k % 8))) & 0xFu);
+    out[k] = static_cast<float>(nibble - 8) * weight_value(w.scales, n, k / w.group_size);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::linear(const Tensor& out, const Tensor& x, const LinearWeight& w) {
+  require_activation("linear", "x", x);
+  require_activation("linear", "out", out);
+  if (x.cols != w.in_features)
+    fail("linear: x has {} columns but the weight has in_features {}", x.cols, w.in_features);
+  require_shape("linear", "out", out, x.rows, w.out_features);
+  RowDecoder decode;
+  if (w.quantized()) {
+    check_w4a16(w);
+    decode = [&w](int64_t n, float* row) { dequantize_w4a16_row(w, n, row); };
+  } else {
+    check_dense(w);
+    decode = [&w](int64_t n, float* row) { weight_row(w.weight, n, row); };
+  }
+  ThreadPool::global().parallel_for(static_cast<size_t>(w.out_features), [&](size_t begin, size_t end) {
+    std::vector<float> row(static_cast<size_t>(w.in_features));
+    for (auto n = static_cast<int64_t>(begin); n < static_cast<int64_t>(end); ++n) {
+      decode(n, row.data());
+      for (int64_t t = 0; t < x.rows; ++t)
+        out.row<float>(t)[n] = dot(x.row<float>(t), row.data(), w.in_features);
+    }
+  });
+}
+
+}  // namespace qspec::cpu

@@ -1,0 +1,45 @@
+// Rotary position embedding, NeoX (rotate-half) pairing over the first rotary_dim dims of each head, computed
+// in fp32 the way HF's default rope does: inv_freq[i] = 1 / theta^(2i / rotary_dim), angle = float(pos) *
+// inv_freq.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/checks.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace qspec::cpu {
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, double theta) {
+  require_activation("rope", "x", x);
+  require_indices("rope", "positions", positions, x.rows);
+  if (head_dim <= 0 || x.cols % head_dim != 0)
+    fail("rope: x has {} columns, not a multiple of head_dim {}", x.cols, head_dim);
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    fail("rope: rotary_dim {} must be even and in (0, head_dim = {}]", rotary_dim, head_dim);
+  if (!(theta > 0.0)) fail("rope: theta must be positive, got {}", theta);
+  const int half = rotary_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i)
+    inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta),
+                                  static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+  std::vector<float> cos_table(static_cast<size_t>(half)), sin_table(static_cast<size_t>(half));
+  for (int64_t t = 0; t < x.rows; ++t) {
+    auto position = static_cast<float>(positions.row<int32_t>(t)[0]);
+    for (int i = 0; i < half; ++i) {
+      float angle = position * inv_freq[i];
+      cos_table[i] = std::cos(angle);
+      sin_table[i] = std::sin(angle);
+    }
+    for (int64_t head = 0; head < x.cols / head_dim; ++head) {
+      float* v = x.row<float>(t) + head * head_dim;
+      for (int i = 0; i < half; ++i) {
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * cos_table[i] - x2 * sin_table[i];
+        v[i + half] = x2 * cos_table[i] + x1 * sin_table[i];
+      }
+    }
+  }
+}
+
+}  // namespace qspec::cpu
