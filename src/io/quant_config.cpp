@@ -91,10 +91,11 @@ std::optional<WeightQuantScheme> QuantizationConfig::scheme_for(const std::strin
   for (const ModuleMatcher& entry : ignore)
     if (entry.matches(module)) return std::nullopt;
 
-  // Target entry -> its (last) group, sorted by entry text as compressed-tensors sorts them.
+  // Target entry -> its group, sorted by entry text as compressed-tensors sorts them.
   std::map<std::string, std::pair<const ModuleMatcher*, const Group*>> targets;
   for (const Group& group : groups)
-    for (const ModuleMatcher& target : group.targets) targets[target.entry()] = {&target, &group};
+    for (const ModuleMatcher& target : group.targets)
+      targets.emplace(target.entry(), std::pair{&target, &group});
 
   auto first_match = [&](auto&& accepts) -> std::optional<WeightQuantScheme> {
     for (const auto& [entry, target] : targets)
@@ -124,8 +125,16 @@ QuantizationConfig QuantizationConfig::parse(const nlohmann::json& quantization_
   require_null(fields, "transform_config", "weight transforms not supported");
 
   ConfigFields groups = fields.object("config_groups");
-  for (const auto& [name, group] : quantization_config.at("config_groups").items())
+  // compressed-tensors gives a target listed twice to the later group in file order, which nlohmann::json
+  // (keys sorted) does not keep: such a config is rejected rather than read differently.
+  std::map<std::string, std::string> group_of_target;
+  for (const auto& [name, group] : quantization_config.at("config_groups").items()) {
     config.groups.push_back(parse_group(groups.object(name), name));
+    for (const ModuleMatcher& target : config.groups.back().targets)
+      if (auto [it, added] = group_of_target.emplace(target.entry(), name); !added)
+        fail("{}: {}: target \"{}\" is also listed by group {} (ambiguous)", source,
+             groups.object(name).path_of("targets"), target.entry(), it->second);
+  }
   if (config.groups.empty()) fields.fail_field("config_groups", "at least one group");
   if (fields.has("ignore")) config.ignore = parse_module_list(fields, "ignore");
   return config;

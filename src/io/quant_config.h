@@ -47,12 +47,12 @@ struct QuantizationConfig {
 
   // The scheme for a Linear module name ("model.language_model.layers.0.mlp.up_proj"), or nullopt when the
   // module stays dense (ignored or targeted by no group). As in compressed-tensors, an exact-name target wins
-  // over a regex target (regexes tried in sorted order), which wins over "Linear"; a target listed by several
-  // groups belongs to the last of them.
+  // over a regex target (regexes tried in sorted order), which wins over "Linear".
   std::optional<WeightQuantScheme> scheme_for(const std::string& module) const;
 
   // Parses the quantization_config object of config.json; rejects clearly (naming the field) any format other
-  // than pack-quantized, asymmetric weights, act-order group indices, bits != 4, activation quantization.
+  // than pack-quantized, asymmetric weights, act-order group indices, bits != 4, activation quantization, and
+  // a target listed by two groups.
   static QuantizationConfig parse(const nlohmann::json& quantization_config, const std::string& source);
 };
 
