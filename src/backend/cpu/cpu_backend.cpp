@@ -34,6 +34,11 @@ size_t row_bytes(const Tensor& t) {
   return static_cast<size_t>(t.cols) * dtype_size(t.dtype);
 }
 
+// Row r of a tensor of any dtype, as bytes.
+char* row_start(const Tensor& t, int64_t r) {
+  return static_cast<char*>(t.data) + r * t.stride * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
 void require_contiguous(std::string_view op, std::string_view arg, const Tensor& t) {
   if (!t.contiguous()) fail("{}: {} must be contiguous (stride {} != {} columns)", op, arg, t.stride, t.cols);
 }
@@ -66,14 +71,14 @@ void CpuBackend::read(void* host, const Tensor& src) {
 }
 
 void CpuBackend::fill_zero(const Tensor& dst) {
-  for (int64_t r = 0; r < dst.rows; ++r) std::memset(dst.row<char>(r), 0, row_bytes(dst));
+  for (int64_t r = 0; r < dst.rows; ++r) std::memset(row_start(dst, r), 0, row_bytes(dst));
 }
 
 void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype != src.dtype)
     fail("copy: dst is {} but src is {}", dtype_name(dst.dtype), dtype_name(src.dtype));
   require_shape("copy", "dst", dst, src.rows, src.cols);
-  for (int64_t r = 0; r < dst.rows; ++r) std::memmove(dst.row<char>(r), src.row<char>(r), row_bytes(dst));
+  for (int64_t r = 0; r < dst.rows; ++r) std::memmove(row_start(dst, r), row_start(src, r), row_bytes(dst));
 }
 
 }  // namespace cpu

@@ -1,0 +1,263 @@
+// CPU ops of the Gated DeltaNet layer: conv1d_silu with its rolling state, gdn_gates, and the gated delta
+// rule in both forms (recurrent vs a naive double transcription; chunked vs recurrent; split prefills).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/gated_delta_rule.h"
+#include "cpu_op_testing.h"
+
+namespace qspec {
+namespace {
+
+using testing::Reference;
+using testing::TestTensor;
+
+double silu(double x) {
+  return x / (1 + std::exp(-x));
+}
+
+// ---- conv1d_silu
+
+// Channel c's input sequence is state[c] (K-1 older inputs) followed by x[:, c].
+Reference reference_conv(const TestTensor& x, const TestTensor& state, const TestTensor& w,
+                         Reference& new_state) {
+  const int64_t kernel = w.cols(), history = kernel - 1;
+  Reference out(x.rows(), x.cols());
+  for (int64_t c = 0; c < x.cols(); ++c) {
+    std::vector<double> in;
+    for (int64_t j = 0; j < history; ++j) in.push_back(state.get(c, j));
+    for (int64_t t = 0; t < x.rows(); ++t) in.push_back(x.get(t, c));
+    for (int64_t t = 0; t < x.rows(); ++t) {
+      double sum = 0;
+      for (int64_t j = 0; j < kernel; ++j) sum += w.get(c, j) * in[t + j];
+      out.at(t, c) = silu(sum);
+    }
+    for (int64_t j = 0; j < history; ++j) new_state.at(c, j) = in[in.size() - history + j];
+  }
+  return out;
+}
+
+// Error measure: max |got - want| / max |want| <= 1e-5 for outputs; the new state is a copy, so exact.
+TEST(CpuConv1d, MatchesReferenceAndUpdatesState) {
+  std::mt19937 rng(21);
+  auto backend = make_cpu_backend();
+  const int64_t channels = 10;
+  for (int64_t kernel : {2, 4})
+    for (int64_t tokens : {1, 2, 3, 65}) {
+      SCOPED_TRACE(::testing::Message() << "K " << kernel << " T " << tokens);
+      TestTensor x = testing::random_tensor(rng, DType::F32, tokens, channels, -2, 2, channels + 3);
+      TestTensor state = testing::random_tensor(rng, DType::F32, channels, kernel - 1, -2, 2);
+      TestTensor w = testing::random_tensor(rng, DType::BF16, channels, kernel);
+      TestTensor out(DType::F32, tokens, channels);
+      Reference want_state(channels, kernel - 1);
+      Reference want = reference_conv(x, state, w, want_state);
+      backend->conv1d_silu(out.view(), x.view(), state.view(), w.view());
+      EXPECT_LE(testing::relative_max_error(out, want), 1e-5);
+      EXPECT_EQ(testing::relative_max_error(state, want_state), 0.0);
+    }
+}
+
+TEST(CpuConv1d, TokensAtOnceEqualOneByOneAndInPlace) {
+  std::mt19937 rng(22);
+  auto backend = make_cpu_backend();
+  const int64_t tokens = 9, channels = 7, kernel = 4;
+  TestTensor x = testing::random_tensor(rng, DType::F32, tokens, channels, -2, 2);
+  TestTensor w = testing::random_tensor(rng, DType::F32, channels, kernel);
+  TestTensor state_all = testing::random_tensor(rng, DType::F32, channels, kernel - 1);
+  TestTensor state_steps(DType::F32, channels, kernel - 1);
+  backend->copy(state_steps.view(), state_all.view());
+  TestTensor all(DType::F32, tokens, channels), steps(DType::F32, tokens, channels);
+  backend->conv1d_silu(all.view(), x.view(), state_all.view(), w.view());
+  for (int64_t t = 0; t < tokens; ++t)
+    backend->conv1d_silu(steps.view().rows_view(t, 1), x.view().rows_view(t, 1), state_steps.view(),
+                         w.view());
+  EXPECT_EQ(testing::relative_max_error(steps, testing::reference_of(all)), 0.0);
+  EXPECT_EQ(testing::relative_max_error(state_steps, testing::reference_of(state_all)), 0.0);
+  // out aliasing x: same values as the out-of-place run from the same starting state.
+  TestTensor state_in_place(DType::F32, channels, kernel - 1);
+  backend->copy(state_in_place.view(), state_all.view());
+  backend->copy(state_all.view(), state_steps.view());  // state after the sequence, for the next comparison
+  TestTensor next = testing::random_tensor(rng, DType::F32, 3, channels, -2, 2);
+  TestTensor next_out(DType::F32, 3, channels);
+  backend->conv1d_silu(next_out.view(), next.view(), state_all.view(), w.view());
+  backend->conv1d_silu(next.view(), next.view(), state_in_place.view(), w.view());
+  EXPECT_EQ(testing::relative_max_error(next, testing::reference_of(next_out)), 0.0);
+}
+
+// ---- gdn_gates
+
+double softplus(double x) {
+  return x > 20 ? x : std::log1p(std::exp(x));
+}
+
+// Error measure: per element |got - want| <= 1e-5 |want| + 1e-7. a + dt_bias spans both sides of the softplus
+// threshold (20), including values whose exp overflows fp32 (100, 1000).
+TEST(CpuGdnGates, SigmoidAndSoftplusDecay) {
+  std::mt19937 rng(23);
+  auto backend = make_cpu_backend();
+  const int64_t heads = 6;
+  const std::vector<double> a_values = {-30, -2, 0.3, 19.5, 25, 100, 1000};
+  const auto tokens = static_cast<int64_t>(a_values.size());
+  // b and a as column views of one fused projection output [T, 2 * heads + 1] (strided inputs).
+  TestTensor ba = testing::random_tensor(rng, DType::F32, tokens, 2 * heads + 1, -5, 5);
+  const Tensor b = ba.view().cols_view(0, heads), a = ba.view().cols_view(heads, heads);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      a.row<float>(t)[h] = static_cast<float>(a_values[t] + 0.1 * static_cast<double>(h));
+  TestTensor a_log = testing::random_tensor(rng, DType::F32, 1, heads, -3, 1);
+  TestTensor dt_bias = testing::random_tensor(rng, DType::BF16, 1, heads, -1, 1);
+  TestTensor beta(DType::F32, tokens, heads), g(DType::F32, tokens, heads);
+  backend->gdn_gates(beta.view(), g.view(), b, a, a_log.view(), dt_bias.view());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const double b_value = b.row<float>(t)[h], a_value = a.row<float>(t)[h];
+      const double want_beta = 1 / (1 + std::exp(-b_value));
+      const double want_g = -std::exp(a_log.get(0, h)) * softplus(a_value + dt_bias.get(0, h));
+      EXPECT_NEAR(beta.get(t, h), want_beta, 1e-5 * std::abs(want_beta) + 1e-7) << "t " << t << " h " << h;
+      EXPECT_NEAR(g.get(t, h), want_g, 1e-5 * std::abs(want_g) + 1e-7) << "t " << t << " h " << h;
+    }
+}
+
+// ---- gated delta rule
+
+struct GdnProblem {
+  GdnShape shape;
+  TestTensor qkv, beta, g, state;
+
+  GdnProblem(std::mt19937& rng, const GdnShape& s, int64_t tokens, int64_t qkv_stride = 0)
+      : shape(s),
+        qkv(testing::random_tensor(
+            rng, DType::F32, tokens,
+            2 * int64_t{s.num_key_heads} * s.key_head_dim + int64_t{s.num_value_heads} * s.value_head_dim, -1,
+            1, qkv_stride)),
+        beta(testing::random_tensor(rng, DType::F32, tokens, s.num_value_heads, 0.01, 0.99)),
+        g(testing::random_tensor(rng, DType::F32, tokens, s.num_value_heads, -1.5, 0)),
+        state(testing::random_tensor(rng, DType::F32, int64_t{s.num_value_heads} * s.key_head_dim,
+                                     s.value_head_dim, -0.5, 0.5)) {}
+
+  int64_t tokens() const { return qkv.rows(); }
+  int64_t out_cols() const { return int64_t{shape.num_value_heads} * shape.value_head_dim; }
+  // A fresh copy of the initial state.
+  TestTensor state_copy() const {
+    TestTensor copy(DType::F32, state.rows(), state.cols());
+    make_cpu_backend()->copy(copy.view(), state.view());
+    return copy;
+  }
+  // Rows [first, first + count) of the per-token inputs.
+  Tensor qkv_rows(int64_t first, int64_t count) const { return qkv.view().rows_view(first, count); }
+  Tensor beta_rows(int64_t first, int64_t count) const { return beta.view().rows_view(first, count); }
+  Tensor g_rows(int64_t first, int64_t count) const { return g.view().rows_view(first, count); }
+};
+
+// The per-token formula in double, written from the model description: for value head h (key head
+// h / (nv / nk)), q and k L2-normalised with eps 1e-6 and q scaled by dk^-0.5,
+//   S *= exp(g) ; delta = beta (v - S^T k) ; S += k delta^T ; o = S^T q.
+Reference naive_gated_delta_rule(const GdnProblem& p, Reference& state) {
+  const auto& [nk, nv, dk, dv] = p.shape;
+  Reference out(p.tokens(), p.out_cols());
+  for (int h = 0; h < nv; ++h) {
+    const int kh = h / (nv / nk);
+    for (int64_t t = 0; t < p.tokens(); ++t) {
+      std::vector<double> q(dk), k(dk), v(dv);
+      double q_norm = 0, k_norm = 0;
+      for (int i = 0; i < dk; ++i) {
+        q[i] = p.qkv.get(t, kh * dk + i);
+        k[i] = p.qkv.get(t, int64_t{nk} * dk + kh * dk + i);
+        q_norm += q[i] * q[i];
+        k_norm += k[i] * k[i];
+      }
+      for (int i = 0; i < dk; ++i) {
+        q[i] = q[i] / std::sqrt(q_norm + 1e-6) / std::sqrt(double(dk));
+        k[i] = k[i] / std::sqrt(k_norm + 1e-6);
+      }
+      for (int j = 0; j < dv; ++j) v[j] = p.qkv.get(t, 2 * int64_t{nk} * dk + h * dv + j);
+      const double decay = std::exp(p.g.get(t, h)), beta = p.beta.get(t, h);
+      auto s = [&](int i, int j) -> double& { return state.at(int64_t{h} * dk + i, j); };
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) s(i, j) *= decay;
+      for (int j = 0; j < dv; ++j) {
+        double prediction = 0;
+        for (int i = 0; i < dk; ++i) prediction += s(i, j) * k[i];
+        const double delta = beta * (v[j] - prediction);
+        for (int i = 0; i < dk; ++i) s(i, j) += k[i] * delta;
+      }
+      for (int j = 0; j < dv; ++j) {
+        double o = 0;
+        for (int i = 0; i < dk; ++i) o += s(i, j) * q[i];
+        out.at(t, h * dv + j) = o;
+      }
+    }
+  }
+  return out;
+}
+
+const GdnShape kGroupedShape{2, 4, 32, 16};  // two value heads per key head: grouped != tiled mapping
+
+// Error measure: max |got - want| / max |want| <= 1e-5, for the outputs and for the final state.
+TEST(CpuGatedDeltaRule, RecurrentMatchesNaiveDoubleFormula) {
+  std::mt19937 rng(31);
+  for (int64_t tokens : {1, 3, 64, 130}) {
+    SCOPED_TRACE(::testing::Message() << "T " << tokens);
+    GdnProblem p(rng, kGroupedShape, tokens, 200);
+    Reference want_state = testing::reference_of(p.state);
+    Reference want = naive_gated_delta_rule(p, want_state);
+    TestTensor out(DType::F32, tokens, p.out_cols());
+    TestTensor state = p.state_copy();
+    cpu::gated_delta_rule_recurrent(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(),
+                                    p.shape);
+    EXPECT_LE(testing::relative_max_error(out, want), 1e-5);
+    EXPECT_LE(testing::relative_max_error(state, want_state), 1e-5);
+  }
+}
+
+// Error measure: max |chunked - recurrent| / max |recurrent| <= 1e-5 for outputs and final state, every T in
+// 1..200 (one, several and partial chunks of 64), from a random non-zero initial state.
+TEST(CpuGatedDeltaRule, ChunkedMatchesRecurrentForEveryLength) {
+  std::mt19937 rng(32);
+  const GdnShape shape{2, 4, 32, 16};
+  for (int64_t tokens = 1; tokens <= 200; ++tokens) {
+    SCOPED_TRACE(::testing::Message() << "T " << tokens);
+    GdnProblem p(rng, shape, tokens);
+    TestTensor out_recurrent(DType::F32, tokens, p.out_cols()), out_chunked(DType::F32, tokens, p.out_cols());
+    TestTensor state_recurrent = p.state_copy(), state_chunked = p.state_copy();
+    cpu::gated_delta_rule_recurrent(out_recurrent.view(), p.qkv.view(), p.beta.view(), p.g.view(),
+                                    state_recurrent.view(), shape);
+    cpu::gated_delta_rule_chunked(out_chunked.view(), p.qkv.view(), p.beta.view(), p.g.view(),
+                                  state_chunked.view(), shape);
+    ASSERT_LE(testing::relative_max_error(out_chunked, testing::reference_of(out_recurrent)), 1e-5);
+    ASSERT_LE(testing::relative_max_error(state_chunked, testing::reference_of(state_recurrent)), 1e-5);
+  }
+}
+
+// The backend op over a sequence split across calls (prefill 100, then 65 more at once; or prefill 100, then
+// one token at a time) equals one call over all 165 tokens. Error measure as above, <= 1e-5.
+TEST(CpuGatedDeltaRule, SplitAcrossCallsEqualsAllAtOnce) {
+  std::mt19937 rng(33);
+  auto backend = make_cpu_backend();
+  GdnProblem p(rng, kGroupedShape, 165);
+  TestTensor out_all(DType::F32, 165, p.out_cols());
+  TestTensor state_all = p.state_copy();
+  backend->gated_delta_rule(out_all.view(), p.qkv.view(), p.beta.view(), p.g.view(), state_all.view(),
+                            p.shape);
+  for (bool token_by_token : {false, true}) {
+    SCOPED_TRACE(token_by_token ? "prefill 100 then 65 single tokens" : "prefill 100 then 65 at once");
+    TestTensor out(DType::F32, 165, p.out_cols());
+    TestTensor state = p.state_copy();
+    auto run = [&](int64_t first, int64_t count) {
+      backend->gated_delta_rule(out.view().rows_view(first, count), p.qkv_rows(first, count),
+                                p.beta_rows(first, count), p.g_rows(first, count), state.view(), p.shape);
+    };
+    run(0, 100);
+    if (token_by_token)
+      for (int64_t t = 100; t < 165; ++t) run(t, 1);
+    else
+      run(100, 65);
+    EXPECT_LE(testing::relative_max_error(out, testing::reference_of(out_all)), 1e-5);
+    EXPECT_LE(testing::relative_max_error(state, testing::reference_of(state_all)), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace qspec

@@ -1,0 +1,146 @@
+// CPU linear: dense BF16/F16/F32 and W4A16 (compressed-tensors pack-quantized) weights against a double
+// reference.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "cpu_op_testing.h"
+
+namespace qspec {
+namespace {
+
+using testing::Reference;
+using testing::TestTensor;
+
+struct LinearCase {
+  int64_t tokens, in_features, out_features, x_stride;
+};
+
+// out[t][n] = sum_k x[t][k] * w(n, k) in double; bound[t][n] = sum_k |x w| (the scale of the fp32 rounding
+// error).
+template <typename WeightValue>
+void reference_linear(const TestTensor& x, int64_t out_features, WeightValue w, Reference& out,
+                      Reference& bound) {
+  for (int64_t t = 0; t < x.rows(); ++t)
+    for (int64_t n = 0; n < out_features; ++n) {
+      double sum = 0, magnitude = 0;
+      for (int64_t k = 0; k < x.cols(); ++k) {
+        double term = x.get(t, k) * w(n, k);
+        sum += term;
+        magnitude += std::abs(term);
+      }
+      out.at(t, n) = sum;
+      bound.at(t, n) = magnitude;
+    }
+}
+
+// Error measure: per element |got - want| <= 1e-5 * sum_k |x_k w_k| (fp32 accumulation over K terms).
+void expect_linear_close(const TestTensor& got, const Reference& want, const Reference& bound) {
+  for (int64_t t = 0; t < want.rows; ++t)
+    for (int64_t n = 0; n < want.cols; ++n)
+      ASSERT_LE(std::abs(got.get(t, n) - want.at(t, n)), 1e-5 * bound.at(t, n)) << "t " << t << " n " << n;
+}
+
+class CpuLinearDense : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CpuLinearDense, MatchesDoubleReference) {
+  std::mt19937 rng(7);
+  auto backend = make_cpu_backend();
+  for (LinearCase c : {LinearCase{1, 96, 40, 96}, LinearCase{3, 200, 33, 211}, LinearCase{65, 264, 17, 264},
+                       LinearCase{130, 37, 5, 40}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "T " << c.tokens << " K " << c.in_features << " N " << c.out_features);
+    TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.x_stride);
+    TestTensor w = testing::random_tensor(rng, GetParam(), c.out_features, c.in_features);
+    TestTensor out(DType::F32, c.tokens, c.out_features);
+    LinearWeight weight{c.out_features, c.in_features, w.view(), {}, {}, 0};
+    backend->linear(out.view(), x.view(), weight);
+    Reference want(c.tokens, c.out_features), bound(c.tokens, c.out_features);
+    reference_linear(
+        x, c.out_features, [&](int64_t n, int64_t k) { return w.get(n, k); }, want, bound);
+    expect_linear_close(out, want, bound);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CpuLinearDense, ::testing::Values(DType::F32, DType::BF16, DType::F16));
+
+// Packs 4-bit codes [N, K] the compressed-tensors way: word k/8, nibble k%8 (lowest first).
+TestTensor pack_nibbles(const std::vector<std::vector<int>>& codes) {
+  const auto rows = static_cast<int64_t>(codes.size());
+  const auto cols = static_cast<int64_t>(codes[0].size());
+  TestTensor packed(DType::I32, rows, cols / 8);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t w = 0; w < cols / 8; ++w) {
+      uint32_t word = 0;
+      for (int64_t i = 0; i < 8; ++i) word |= static_cast<uint32_t>(codes[n][w * 8 + i]) << (4 * i);
+      packed.view().row<uint32_t>(n)[w] = word;
+    }
+  return packed;
+}
+
+struct W4A16Case {
+  int64_t tokens, in_features, out_features;
+  int group_size;
+  DType scale_dtype;
+};
+
+TEST(CpuLinear, W4A16MatchesDequantizedDoubleReference) {
+  std::mt19937 rng(11);
+  auto backend = make_cpu_backend();
+  for (W4A16Case c : {W4A16Case{1, 96, 24, 32, DType::BF16}, W4A16Case{3, 384, 19, 128, DType::F16},
+                      W4A16Case{64, 160, 40, 32, DType::F16}, W4A16Case{65, 640, 9, 128, DType::BF16},
+                      W4A16Case{130, 200, 7, 40, DType::BF16}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "T " << c.tokens << " K " << c.in_features << " group " << c.group_size);
+    std::uniform_int_distribution<int> nibble(0, 15);
+    std::vector<std::vector<int>> codes(static_cast<size_t>(c.out_features),
+                                        std::vector<int>(static_cast<size_t>(c.in_features)));
+    for (auto& row : codes)
+      for (int& code : row) code = nibble(rng);
+    TestTensor packed = pack_nibbles(codes);
+    TestTensor scales =
+        testing::random_tensor(rng, c.scale_dtype, c.out_features, c.in_features / c.group_size, -0.1, 0.1);
+    TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.in_features + 3);
+    TestTensor out(DType::F32, c.tokens, c.out_features);
+    LinearWeight weight{c.out_features, c.in_features, {}, packed.view(), scales.view(), c.group_size};
+    backend->linear(out.view(), x.view(), weight);
+    Reference want(c.tokens, c.out_features), bound(c.tokens, c.out_features);
+    auto dequantized = [&](int64_t n, int64_t k) {
+      return (codes[n][k] - 8) * scales.get(n, k / c.group_size);
+    };
+    reference_linear(x, c.out_features, dequantized, want, bound);
+    expect_linear_close(out, want, bound);
+  }
+}
+
+// Pins the nibble order independently of the test's packer: word 0x76543210 holds codes 0..7 for k = 0..7.
+TEST(CpuLinear, W4A16NibbleOrderIsLowestFirst) {
+  auto backend = make_cpu_backend();
+  TestTensor packed(DType::I32, 1, 1);
+  packed.view().row<uint32_t>(0)[0] = 0x76543210u;
+  TestTensor scales(DType::BF16, 1, 1);
+  scales.set(0, 0, 1.0);
+  for (int64_t k = 0; k < 8; ++k) {
+    TestTensor x(DType::F32, 1, 8);
+    for (int64_t i = 0; i < 8; ++i) x.set(0, i, i == k ? 1.0 : 0.0);
+    TestTensor out(DType::F32, 1, 1);
+    backend->linear(out.view(), x.view(), LinearWeight{1, 8, {}, packed.view(), scales.view(), 8});
+    EXPECT_EQ(out.get(0, 0), static_cast<double>(k) - 8.0) << "k " << k;
+  }
+}
+
+TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
+  // The same output row computed alone and inside a batch must be bit-identical.
+  std::mt19937 rng(3);
+  auto backend = make_cpu_backend();
+  TestTensor x = testing::random_tensor(rng, DType::F32, 5, 300);
+  TestTensor w = testing::random_tensor(rng, DType::BF16, 70, 300);
+  LinearWeight weight{70, 300, w.view(), {}, {}, 0};
+  TestTensor all(DType::F32, 5, 70), one(DType::F32, 1, 70);
+  backend->linear(all.view(), x.view(), weight);
+  backend->linear(one.view(), x.view().rows_view(3, 1), weight);
+  for (int64_t n = 0; n < 70; ++n) EXPECT_EQ(all.get(3, n), one.get(0, n));
+}
+
+}  // namespace
+}  // namespace qspec

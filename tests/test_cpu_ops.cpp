@@ -1,0 +1,266 @@
+// CPU ops other than linear and the Gated DeltaNet family, each against a straightforward double reference:
+// norms, elementwise ops, the query/gate split, rope, attention, embed and kv_store.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cpu_op_testing.h"
+
+namespace qspec {
+namespace {
+
+using testing::Reference;
+using testing::TestTensor;
+
+double silu(double x) {
+  return x / (1 + std::exp(-x));
+}
+double sigmoid(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+
+// y = x / sqrt(mean over the group of x^2 + eps) * scale(i), per group of `group` columns.
+template <typename Scale>
+Reference reference_rmsnorm(const TestTensor& x, int64_t group, double eps, Scale scale) {
+  Reference y(x.rows(), x.cols());
+  for (int64_t t = 0; t < x.rows(); ++t)
+    for (int64_t first = 0; first < x.cols(); first += group) {
+      double sum = 0;
+      for (int64_t i = 0; i < group; ++i) sum += x.get(t, first + i) * x.get(t, first + i);
+      double inv = 1 / std::sqrt(sum / static_cast<double>(group) + eps);
+      for (int64_t i = 0; i < group; ++i) y.at(t, first + i) = x.get(t, first + i) * inv * scale(t, first, i);
+    }
+  return y;
+}
+
+struct NormCase {
+  int64_t tokens, cols, group, stride;
+};
+
+// Error measure for norms, elementwise ops and rope: max |got - want| / max |want| <= 1e-5.
+constexpr double kTolerance = 1e-5;
+
+TEST(CpuRmsnorm, BothOffsetsFullRowAndPerHead) {
+  std::mt19937 rng(1);
+  auto backend = make_cpu_backend();
+  for (NormCase c : {NormCase{1, 64, 64, 64}, NormCase{3, 96, 32, 100}, NormCase{65, 6 * 17, 17, 6 * 17}})
+    for (bool unit_offset : {false, true})
+      for (DType weight_dtype : {DType::BF16, DType::F32}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "cols " << c.cols << " group " << c.group << " offset " << unit_offset);
+        TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.cols, -2, 2, c.stride);
+        TestTensor w = testing::random_tensor(rng, weight_dtype, 1, c.group, -0.5, 0.5);
+        TestTensor out(DType::F32, c.tokens, c.cols);
+        backend->rmsnorm(out.view(), x.view(), w.view(), 1e-6f, unit_offset);
+        Reference want = reference_rmsnorm(x, c.group, 1e-6, [&](int64_t, int64_t, int64_t i) {
+          return (unit_offset ? 1.0 : 0.0) + w.get(0, i);
+        });
+        EXPECT_LE(testing::relative_max_error(out, want), kTolerance);
+      }
+}
+
+TEST(CpuRmsnorm, InPlace) {
+  std::mt19937 rng(2);
+  auto backend = make_cpu_backend();
+  TestTensor x = testing::random_tensor(rng, DType::F32, 4, 48);
+  TestTensor w = testing::random_tensor(rng, DType::F32, 1, 16);
+  Reference want =
+      reference_rmsnorm(x, 16, 1e-6, [&](int64_t, int64_t, int64_t i) { return 1 + w.get(0, i); });
+  backend->rmsnorm(x.view(), x.view(), w.view(), 1e-6f, true);
+  EXPECT_LE(testing::relative_max_error(x, want), kTolerance);
+}
+
+TEST(CpuGatedRmsnorm, PerHeadTimesSiluGate) {
+  std::mt19937 rng(3);
+  auto backend = make_cpu_backend();
+  for (NormCase c : {NormCase{1, 32, 16, 32}, NormCase{65, 4 * 24, 24, 101}}) {
+    TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.cols, -2, 2, c.stride);
+    TestTensor z = testing::random_tensor(rng, DType::F32, c.tokens, c.cols, -4, 4, c.stride + 1);
+    TestTensor w = testing::random_tensor(rng, DType::F32, 1, c.group, 0.5, 1.5);
+    TestTensor out(DType::F32, c.tokens, c.cols, c.cols + 2);
+    backend->gated_rmsnorm(out.view(), x.view(), w.view(), z.view(), 1e-6f);
+    Reference want = reference_rmsnorm(x, c.group, 1e-6, [&](int64_t t, int64_t first, int64_t i) {
+      return w.get(0, i) * silu(z.get(t, first + i));
+    });
+    EXPECT_LE(testing::relative_max_error(out, want), kTolerance);
+    EXPECT_TRUE(out.padding_intact());
+  }
+}
+
+TEST(CpuElementwise, AddSiluMulSigmoidMul) {
+  std::mt19937 rng(4);
+  auto backend = make_cpu_backend();
+  TestTensor a = testing::random_tensor(rng, DType::F32, 7, 33, -6, 6, 40);
+  TestTensor b = testing::random_tensor(rng, DType::F32, 7, 33, -6, 6);
+  TestTensor out(DType::F32, 7, 33);
+  Reference want(7, 33);
+  const std::vector<std::pair<std::string, std::function<double(double, double)>>> cases = {
+      {"add", [](double x, double y) { return x + y; }},
+      {"silu_mul", [](double x, double y) { return silu(x) * y; }},
+      {"sigmoid_mul", [](double x, double y) { return x * sigmoid(y); }},
+  };
+  for (const auto& [op, combine] : cases) {
+    SCOPED_TRACE(op);
+    if (op == "add") backend->add(out.view(), a.view(), b.view());
+    if (op == "silu_mul") backend->silu_mul(out.view(), a.view(), b.view());
+    if (op == "sigmoid_mul") backend->sigmoid_mul(out.view(), a.view(), b.view());
+    for (int64_t t = 0; t < 7; ++t)
+      for (int64_t i = 0; i < 33; ++i) want.at(t, i) = combine(a.get(t, i), b.get(t, i));
+    EXPECT_LE(testing::relative_max_error(out, want), kTolerance);
+  }
+}
+
+TEST(CpuSplitQueryGate, InterleavedPerHead) {
+  std::mt19937 rng(5);
+  auto backend = make_cpu_backend();
+  const int64_t heads = 3, dim = 5;
+  TestTensor qg = testing::random_tensor(rng, DType::F32, 4, heads * 2 * dim);
+  TestTensor query(DType::F32, 4, heads * dim), gate(DType::F32, 4, heads * dim);
+  backend->split_query_gate(query.view(), gate.view(), qg.view(), static_cast<int>(dim));
+  for (int64_t t = 0; t < 4; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < dim; ++i) {
+        EXPECT_EQ(query.get(t, h * dim + i), qg.get(t, h * 2 * dim + i));
+        EXPECT_EQ(gate.get(t, h * dim + i), qg.get(t, h * 2 * dim + dim + i));
+      }
+}
+
+// HF's angle: inv_freq = 1 / theta^(float(2i) / rot) and float(pos) * inv_freq, all fp32; the rotation in
+// double.
+TEST(CpuRope, PartialNeoxRotationMatchesReference) {
+  std::mt19937 rng(6);
+  auto backend = make_cpu_backend();
+  const int heads = 3, head_dim = 24, rotary_dim = 8;
+  const double theta = 1e7;
+  const std::vector<int32_t> positions = {0, 1, 7, 300, 4095, 131071};
+  const auto tokens = static_cast<int64_t>(positions.size());
+  TestTensor x =
+      testing::random_tensor(rng, DType::F32, tokens, heads * head_dim, -1, 1, heads * head_dim + 5);
+  Reference want = testing::reference_of(x);
+  const int half = rotary_dim / 2;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < half; ++i) {
+        float inv_freq = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / rotary_dim);
+        double angle = static_cast<float>(positions[t]) * inv_freq;
+        double x1 = x.get(t, h * head_dim + i), x2 = x.get(t, h * head_dim + i + half);
+        want.at(t, h * head_dim + i) = x1 * std::cos(angle) - x2 * std::sin(angle);
+        want.at(t, h * head_dim + i + half) = x2 * std::cos(angle) + x1 * std::sin(angle);
+      }
+  TestTensor pos = testing::index_tensor(positions);
+  backend->rope(x.view(), pos.view(), head_dim, rotary_dim, theta);
+  EXPECT_LE(testing::relative_max_error(x, want), kTolerance);
+  EXPECT_TRUE(x.padding_intact());
+}
+
+struct AttentionCase {
+  int heads, kv_heads, head_dim;
+  std::vector<int32_t> positions;
+  int64_t cache_rows;
+};
+
+// softmax over keys 0..pos[t] of (q . k) * scale, times V, in double.
+Reference reference_attention(const TestTensor& q, const TestTensor& k, const TestTensor& v,
+                              const AttentionCase& c, double scale) {
+  Reference out(q.rows(), q.cols());
+  for (int64_t t = 0; t < q.rows(); ++t)
+    for (int h = 0; h < c.heads; ++h) {
+      const int64_t kv = h / (c.heads / c.kv_heads) * c.head_dim;
+      const int64_t keys = c.positions[t] + 1;
+      std::vector<double> p(static_cast<size_t>(keys));
+      double max_score = -INFINITY, total = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double s = 0;
+        for (int d = 0; d < c.head_dim; ++d) s += q.get(t, h * c.head_dim + d) * k.get(j, kv + d);
+        p[j] = s * scale;
+        max_score = std::max(max_score, p[j]);
+      }
+      for (double& s : p) total += s = std::exp(s - max_score);
+      for (int d = 0; d < c.head_dim; ++d) {
+        double sum = 0;
+        for (int64_t j = 0; j < keys; ++j) sum += p[j] / total * v.get(j, kv + d);
+        out.at(t, h * c.head_dim + d) = sum;
+      }
+    }
+  return out;
+}
+
+// Error measure: max |got - want| / max |want| <= 1e-5. Cache rows past the last position hold NaN, so
+// reading beyond a query's own position poisons the result.
+TEST(CpuAttention, CausalGqaOverCachePositions) {
+  std::mt19937 rng(8);
+  auto backend = make_cpu_backend();
+  const std::vector<AttentionCase> cases = {
+      {4, 4, 16, {0}, 4},              // first token, MHA
+      {4, 2, 16, {5, 6, 7}, 12},       // GQA, positions continuing a prefix
+      {8, 1, 33, {2, 9, 10, 30}, 40},  // MQA, odd head dim, positions with a gap
+      {6, 3, 8, {63, 64, 65}, 66},     // around 64
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " dim " << c.head_dim);
+    const auto tokens = static_cast<int64_t>(c.positions.size());
+    const int64_t kv_cols = int64_t{c.kv_heads} * c.head_dim;
+    const int64_t visible = *std::max_element(c.positions.begin(), c.positions.end()) + 1;
+    TestTensor k(DType::F32, c.cache_rows, kv_cols), v(DType::F32, c.cache_rows, kv_cols);
+    for (int64_t j = 0; j < visible; ++j)
+      for (int64_t i = 0; i < kv_cols; ++i) {
+        k.set(j, i, std::uniform_real_distribution<double>(-2, 2)(rng));
+        v.set(j, i, std::uniform_real_distribution<double>(-1, 1)(rng));
+      }
+    TestTensor q = testing::random_tensor(rng, DType::F32, tokens, int64_t{c.heads} * c.head_dim, -2, 2);
+    TestTensor out(DType::F32, tokens, int64_t{c.heads} * c.head_dim);
+    TestTensor positions = testing::index_tensor(c.positions);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    backend->attention(out.view(), q.view(), k.view(), v.view(), positions.view(),
+                       AttentionShape{c.heads, c.kv_heads, c.head_dim, scale});
+    EXPECT_LE(testing::relative_max_error(out, reference_attention(q, k, v, c, scale)), kTolerance);
+  }
+}
+
+TEST(CpuEmbed, GathersRowsOfAnyWeightDtype) {
+  std::mt19937 rng(9);
+  auto backend = make_cpu_backend();
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
+    TestTensor table = testing::random_tensor(rng, dtype, 50, 12);
+    TestTensor ids = testing::index_tensor({49, 0, 7, 7});
+    TestTensor out(DType::F32, 4, 12);
+    backend->embed(out.view(), table.view(), ids.view());
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t i = 0; i < 12; ++i)
+        EXPECT_EQ(out.get(t, i), table.get(static_cast<int64_t>(ids.get(t, 0)), i));
+  }
+}
+
+TEST(CpuKvStore, WritesRowsAtPositions) {
+  std::mt19937 rng(10);
+  auto backend = make_cpu_backend();
+  TestTensor cache(DType::F32, 8, 6);
+  backend->fill_zero(cache.view());
+  TestTensor x = testing::random_tensor(rng, DType::F32, 3, 6, -1, 1, 9);
+  TestTensor positions = testing::index_tensor({2, 5, 6});
+  backend->kv_store(cache.view(), x.view(), positions.view());
+  for (int64_t r = 0; r < 8; ++r)
+    for (int64_t i = 0; i < 6; ++i) {
+      double want = r == 2 ? x.get(0, i) : r == 5 ? x.get(1, i) : r == 6 ? x.get(2, i) : 0.0;
+      EXPECT_EQ(cache.get(r, i), want) << "row " << r;
+    }
+}
+
+TEST(CpuMemory, WriteReadCopyFillZero) {
+  auto backend = make_cpu_backend();
+  auto buffer = backend->alloc(DType::F32, 2, 3);
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6};
+  backend->write(buffer->tensor(), values.data());
+  TestTensor strided(DType::F32, 2, 3, 5);
+  backend->copy(strided.view(), buffer->tensor());
+  EXPECT_EQ(strided.get(1, 2), 6.0);
+  EXPECT_TRUE(strided.padding_intact());
+  backend->fill_zero(buffer->tensor().rows_view(0, 1));
+  std::vector<float> back(6);
+  backend->read(back.data(), buffer->tensor());
+  EXPECT_EQ(back, (std::vector<float>{0, 0, 0, 4, 5, 6}));
+}
+
+}  // namespace
+}  // namespace qspec
