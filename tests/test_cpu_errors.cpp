@@ -1,0 +1,211 @@
+// Bad arguments to CPU ops: each gets one qspec::Error naming the op, the argument and what was expected.
+#include <gtest/gtest.h>
+
+#include "backend/cpu/gated_delta_rule.h"
+#include "cpu_op_testing.h"
+#include "io/safetensors.h"
+
+namespace qspec {
+namespace {
+
+using testing::expect_error;
+using testing::TestTensor;
+
+class CpuErrors : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  TestTensor f32(int64_t rows, int64_t cols) { return TestTensor(DType::F32, rows, cols); }
+};
+
+TEST_F(CpuErrors, Linear) {
+  TestTensor x = f32(2, 16), out = f32(2, 4), w = TestTensor(DType::BF16, 4, 16);
+  TestTensor x_bf16(DType::BF16, 2, 16), w_i32(DType::I32, 4, 16);
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 24, w.view(), {}, {}, 0});
+      },
+      {"linear", "16 columns", "in_features 24"});
+  expect_error(
+      [&] {
+        backend->linear(f32(3, 4).view(), x.view(), {4, 16, w.view(), {}, {}, 0});
+      },
+      {"linear", "out", "[3, 4]", "[2, 4]"});
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x_bf16.view(), {4, 16, w.view(), {}, {}, 0});
+      },
+      {"linear", "x must be F32, got BF16"});
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 16, w_i32.view(), {}, {}, 0});
+      },
+      {"linear", "weight", "BF16, F16 or F32, got I32"});
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 16, w.view().rows_view(0, 3), {}, {}, 0});
+      },
+      {"linear", "weight", "[3, 16]", "[4, 16]"});
+}
+
+TEST_F(CpuErrors, LinearW4A16) {
+  TestTensor x = f32(2, 64), out = f32(2, 4);
+  TestTensor packed(DType::I32, 4, 8), scales(DType::BF16, 4, 2), packed_f32 = f32(4, 8);
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view(), scales.view(), 0});
+      },
+      {"linear", "group_size"});
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view(), scales.view(), 64});
+      },
+      {"linear", "scales", "[4, 2]", "[4, 1]"});
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed_f32.view(), scales.view(), 32});
+      },
+      {"linear", "packed weight must be I32, got F32"});
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view().cols_view(0, 7), scales.view(), 32});
+      },
+      {"linear", "packed weight", "[4, 7]", "[4, 8]"});
+  TestTensor x_odd = f32(2, 60);
+  expect_error(
+      [&] {
+        backend->linear(out.view(), x_odd.view(), {4, 60, {}, packed.view(), scales.view(), 30});
+      },
+      {"linear", "in_features 60", "multiple of 8"});
+}
+
+TEST_F(CpuErrors, EmbedRejectsIdsOutsideVocabulary) {
+  TestTensor table(DType::BF16, 50, 8), out = f32(2, 8);
+  for (int32_t bad : {50, -1}) {
+    TestTensor ids = testing::index_tensor({3, bad});
+    expect_error([&] { backend->embed(out.view(), table.view(), ids.view()); },
+                 {"embed", "token id " + std::to_string(bad), "[0, 50)"});
+  }
+  TestTensor ids_f32 = f32(2, 1);
+  expect_error([&] { backend->embed(out.view(), table.view(), ids_f32.view()); },
+               {"embed", "ids must be I32, got F32"});
+}
+
+TEST_F(CpuErrors, KvStoreAndAttentionRejectPositionsOutsideCache) {
+  TestTensor cache = f32(8, 16), x = f32(2, 16), q = f32(2, 32), out = f32(2, 32);
+  TestTensor positions = testing::index_tensor({7, 8});
+  expect_error([&] { backend->kv_store(cache.view(), x.view(), positions.view()); },
+               {"kv_store", "position 8", "8 rows"});
+  const AttentionShape shape{2, 1, 16, 0.25f};
+  expect_error(
+      [&] { backend->attention(out.view(), q.view(), cache.view(), cache.view(), positions.view(), shape); },
+      {"attention", "position 8", "8 rows"});
+  TestTensor ok_positions = testing::index_tensor({0, 1});
+  expect_error(
+      [&] {
+        backend->attention(out.view(), q.view(), cache.view(), cache.view(), ok_positions.view(),
+                           AttentionShape{3, 2, 16, 0.25f});
+      },
+      {"attention", "num_heads 3", "num_kv_heads 2"});
+  expect_error(
+      [&] {
+        backend->attention(out.view(), q.view(), cache.view(), cache.view(), ok_positions.view(),
+                           AttentionShape{2, 2, 16, 0.25f});
+      },
+      {"attention", "k_cache", "[8, 16]", "[8, 32]"});
+}
+
+TEST_F(CpuErrors, Norms) {
+  TestTensor x = f32(2, 30), out = f32(2, 30), w = TestTensor(DType::F32, 1, 8);
+  expect_error([&] { backend->rmsnorm(out.view(), x.view(), w.view(), 1e-6f, true); },
+               {"rmsnorm", "30 columns", "multiple", "8"});
+  TestTensor w2 = f32(2, 15);
+  expect_error([&] { backend->rmsnorm(out.view(), x.view(), w2.view(), 1e-6f, true); },
+               {"rmsnorm", "weight", "[2, 15]", "[1, group]"});
+  TestTensor w15 = f32(1, 15), z = f32(3, 30);
+  expect_error([&] { backend->gated_rmsnorm(out.view(), x.view(), w15.view(), z.view(), 1e-6f); },
+               {"gated_rmsnorm", "z", "[3, 30]", "[2, 30]"});
+}
+
+TEST_F(CpuErrors, ElementwiseAndSplit) {
+  TestTensor a = f32(2, 6), b = f32(2, 5), out = f32(2, 6);
+  expect_error([&] { backend->add(out.view(), a.view(), b.view()); }, {"add", "b", "[2, 5]", "[2, 6]"});
+  expect_error([&] { backend->silu_mul(out.view(), a.view(), b.view()); }, {"silu_mul", "up"});
+  expect_error([&] { backend->sigmoid_mul(out.view(), a.view(), b.view()); }, {"sigmoid_mul", "gate"});
+  TestTensor qg = f32(2, 12), query = f32(2, 6), gate = f32(2, 6);
+  expect_error([&] { backend->split_query_gate(query.view(), gate.view(), qg.view(), 4); },
+               {"split_query_gate", "12 columns", "2 * head_dim = 8"});
+  Tensor bad_stride = a.view();
+  bad_stride.stride = 3;
+  expect_error([&] { backend->add(out.view(), bad_stride, a.view()); }, {"add", "stride 3", "6 columns"});
+}
+
+TEST_F(CpuErrors, Rope) {
+  TestTensor x = f32(2, 32);
+  TestTensor positions = testing::index_tensor({0, 1});
+  expect_error([&] { backend->rope(x.view(), positions.view(), 16, 18, 1e4); }, {"rope", "rotary_dim 18"});
+  expect_error([&] { backend->rope(x.view(), positions.view(), 16, 7, 1e4); }, {"rope", "rotary_dim 7"});
+  expect_error([&] { backend->rope(x.view(), positions.view(), 12, 8, 1e4); }, {"rope", "head_dim 12"});
+  TestTensor three = testing::index_tensor({0, 1, 2});
+  expect_error([&] { backend->rope(x.view(), three.view(), 16, 8, 1e4); },
+               {"rope", "positions", "[3, 1]", "[2, 1]"});
+}
+
+TEST_F(CpuErrors, Conv1dAndGates) {
+  TestTensor x = f32(3, 8), out = f32(3, 8), state = f32(8, 3), w = TestTensor(DType::BF16, 8, 4);
+  TestTensor short_state = f32(8, 2), w7 = TestTensor(DType::BF16, 7, 4);
+  expect_error([&] { backend->conv1d_silu(out.view(), x.view(), short_state.view(), w.view()); },
+               {"conv1d_silu", "state", "[8, 2]", "[8, 3]"});
+  expect_error([&] { backend->conv1d_silu(out.view(), x.view(), state.view(), w7.view()); },
+               {"conv1d_silu", "weight", "[7, 4]", "[8, 4]"});
+  TestTensor b = f32(3, 4), a = f32(3, 4), beta = f32(3, 4), g = f32(3, 4), a_log = f32(1, 5),
+             bias = f32(1, 4);
+  expect_error(
+      [&] { backend->gdn_gates(beta.view(), g.view(), b.view(), a.view(), a_log.view(), bias.view()); },
+      {"gdn_gates", "a_log", "[1, 5]", "[1, 4]"});
+}
+
+TEST_F(CpuErrors, GatedDeltaRule) {
+  const GdnShape shape{2, 4, 8, 4};
+  TestTensor qkv = f32(3, 2 * 2 * 8 + 4 * 4), out = f32(3, 16), beta = f32(3, 4), g = f32(3, 4),
+             state = f32(32, 4);
+  expect_error(
+      [&] {
+        backend->gated_delta_rule(out.view(), qkv.view(), beta.view(), g.view(), state.view(), {3, 4, 8, 4});
+      },
+      {"gated_delta_rule", "num_key_heads 3", "num_value_heads 4"});
+  TestTensor qkv_short = f32(3, 40);
+  expect_error(
+      [&] {
+        backend->gated_delta_rule(out.view(), qkv_short.view(), beta.view(), g.view(), state.view(), shape);
+      },
+      {"gated_delta_rule", "qkv", "[3, 40]", "[3, 48]"});
+  TestTensor small_state = f32(16, 4);
+  expect_error(
+      [&] {
+        backend->gated_delta_rule(out.view(), qkv.view(), beta.view(), g.view(), small_state.view(), shape);
+      },
+      {"gated_delta_rule", "state", "[16, 4]", "[32, 4]"});
+  expect_error(
+      [&] {
+        cpu::gated_delta_rule_chunked(out.view(), qkv.view(), beta.view(), g.view(), state.view(), shape, 0);
+      },
+      {"gated_delta_rule", "chunk size"});
+}
+
+TEST_F(CpuErrors, MemoryAndUpload) {
+  auto buffer = backend->alloc(DType::F32, 2, 3);
+  TestTensor strided(DType::F32, 2, 3, 4), other(DType::BF16, 2, 3);
+  std::vector<float> host(6);
+  expect_error([&] { backend->write(strided.view(), host.data()); }, {"write", "dst", "contiguous"});
+  expect_error([&] { backend->copy(buffer->tensor(), other.view()); }, {"copy", "F32", "BF16"});
+  std::vector<uint16_t> bytes(12);
+  const std::string file = "model.safetensors";
+  TensorView view{
+      "layers.0.weight", DType::BF16, {3, 4}, reinterpret_cast<const uint8_t*>(bytes.data()), 24, &file};
+  expect_error([&] { backend->upload_weight(view, 4, 4); },
+               {"upload_weight", "layers.0.weight", "[3, 4]", "[4, 4]"});
+  EXPECT_EQ(backend->upload_weight(view, 12, 1).rows, 12);
+}
+
+}  // namespace
+}  // namespace qspec
