@@ -1,6 +1,5 @@
 // out = x W^T for dense BF16/F16/F32 weights and W4A16 (compressed-tensors pack-quantized) weights. Each
 // weight row is decoded to fp32 once and dotted with every row of x (fp32 accumulation).
-#include <functional>
 #include <vector>
 
 #include "backend/cpu/checks.h"
@@ -13,8 +12,6 @@
 namespace qspec::cpu {
 
 namespace {
-
-using RowDecoder = std::function<void(int64_t row, float* out)>;
 
 void check_dense(const LinearWeight& w) {
   require_weight("linear", "weight", w.weight);
@@ -33,12 +30,16 @@ void check_w4a16(const LinearWeight& w) {
 }
 
 // Word k/8 holds 8 nibbles along K, lowest nibble first; value = (nibble - 8) * scale[n][k / group_size].
-void dequantize_w4a16_row(const LinearWeight& w, int64_t n, float* out) {
+// `scales` is scratch for the row's scales.
+void dequantize_w4a16_row(const LinearWeight& w, int64_t n, std::vector<float>& scales, float* out) {
+  weight_row(w.scales, n, scales.data());
   const auto* words = w.packed.row<uint32_t>(n);
-  for (int64_t k = 0; k < w.in_features; ++k) {
-    int nibble = static_cast<int>((words[k / 8] >> (4 * (k % 8))) & 0xFu);
-    out[k] = static_cast<float>(nibble - 8) * weight_value(w.scales, n, k / w.group_size);
-  }
+  for (int64_t word = 0; word < w.in_features / 8; ++word)
+    for (int64_t i = 0; i < 8; ++i) {
+      const int64_t k = word * 8 + i;
+      const auto nibble = static_cast<int>((words[word] >> (4 * i)) & 0xFu);
+      out[k] = static_cast<float>(nibble - 8) * scales[k / w.group_size];
+    }
 }
 
 }  // namespace
@@ -49,18 +50,18 @@ void CpuBackend::linear(const Tensor& out, const Tensor& x, const LinearWeight& 
   if (x.cols != w.in_features)
     fail("linear: x has {} columns but the weight has in_features {}", x.cols, w.in_features);
   require_shape("linear", "out", out, x.rows, w.out_features);
-  RowDecoder decode;
-  if (w.quantized()) {
+  if (w.quantized())
     check_w4a16(w);
-    decode = [&w](int64_t n, float* row) { dequantize_w4a16_row(w, n, row); };
-  } else {
+  else
     check_dense(w);
-    decode = [&w](int64_t n, float* row) { weight_row(w.weight, n, row); };
-  }
   ThreadPool::global().parallel_for(static_cast<size_t>(w.out_features), [&](size_t begin, size_t end) {
     std::vector<float> row(static_cast<size_t>(w.in_features));
+    std::vector<float> scales(static_cast<size_t>(w.quantized() ? w.scales.cols : 0));
     for (auto n = static_cast<int64_t>(begin); n < static_cast<int64_t>(end); ++n) {
-      decode(n, row.data());
+      if (w.quantized())
+        dequantize_w4a16_row(w, n, scales, row.data());
+      else
+        weight_row(w.weight, n, row.data());
       for (int64_t t = 0; t < x.rows; ++t)
         out.row<float>(t)[n] = dot(x.row<float>(t), row.data(), w.in_features);
     }

@@ -14,19 +14,6 @@ void convert_row(const uint16_t* src, int64_t n, float* out, Convert convert) {
 
 }  // namespace
 
-float weight_value(const Tensor& w, int64_t row, int64_t col) {
-  switch (w.dtype) {
-    case DType::BF16:
-      return bf16_to_f32(w.row<uint16_t>(row)[col]);
-    case DType::F16:
-      return f16_to_f32(w.row<uint16_t>(row)[col]);
-    case DType::F32:
-      return w.row<float>(row)[col];
-    default:
-      fail("weight of dtype {} cannot be read as fp32", dtype_name(w.dtype));
-  }
-}
-
 void weight_row(const Tensor& w, int64_t row, float* out) {
   switch (w.dtype) {
     case DType::BF16:

@@ -8,8 +8,6 @@
 
 namespace qspec::cpu {
 
-// One element of a BF16/F16/F32 tensor as fp32.
-float weight_value(const Tensor& w, int64_t row, int64_t col);
 // Row `row` of w (w.cols values) into out.
 void weight_row(const Tensor& w, int64_t row, float* out);
 // All elements of a [1, n] weight (a norm weight, a per-head parameter).
