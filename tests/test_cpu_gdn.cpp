@@ -45,7 +45,7 @@ TEST(CpuConv1d, MatchesReferenceAndUpdatesState) {
   auto backend = make_cpu_backend();
   const int64_t channels = 10;
   for (int64_t kernel : {2, 4})
-    for (int64_t tokens : {1, 2, 3, 65}) {
+    for (int64_t tokens : {1, 2, 3, 63, 64, 65}) {
       SCOPED_TRACE(::testing::Message() << "K " << kernel << " T " << tokens);
       TestTensor x = testing::random_tensor(rng, DType::F32, tokens, channels, -2, 2, channels + 3);
       TestTensor state = testing::random_tensor(rng, DType::F32, channels, kernel - 1, -2, 2);
@@ -198,7 +198,7 @@ const GdnShape kGroupedShape{2, 4, 32, 16};  // two value heads per key head: gr
 // Error measure: max |got - want| / max |want| <= 1e-5, for the outputs and for the final state.
 TEST(CpuGatedDeltaRule, RecurrentMatchesNaiveDoubleFormula) {
   std::mt19937 rng(31);
-  for (int64_t tokens : {1, 3, 64, 130}) {
+  for (int64_t tokens : {1, 3, 63, 64, 65, 130}) {
     SCOPED_TRACE(::testing::Message() << "T " << tokens);
     GdnProblem p(rng, kGroupedShape, tokens, 200);
     Reference want_state = testing::reference_of(p.state);
