@@ -22,9 +22,8 @@ void check_gdn_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, co
   const auto& [nk, nv, dk, dv] = shape;
   if (nk <= 0 || nv <= 0 || dk <= 0 || dv <= 0 || nv % nk != 0)
     fail(
-        "{}: bad GdnShape (num_key_heads {}, num_value_heads {}, key_head_dim {}, value_head_dim {}): dims "
-        "must "
-        "be positive and num_value_heads a multiple of num_key_heads",
+        "{}: bad GdnShape (num_key_heads {}, num_value_heads {}, key_head_dim {}, value_head_dim {}): "
+        "dims must be positive and num_value_heads a multiple of num_key_heads",
         op, nk, nv, dk, dv);
   require_activation(op, "qkv", qkv);
   require_activation(op, "out", out);
@@ -45,8 +44,8 @@ void l2_normalize(const float* x, int64_t n, float extra_scale, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv_norm * extra_scale;
 }
 
-// One value head's inputs over all T tokens: q and k L2-normalised (q also scaled by dk^-0.5), row-major [T,
-// d].
+// One value head's inputs over all T tokens, row-major [T, d]: q and k L2-normalised, q also scaled by
+// dk^-0.5.
 struct HeadSequence {
   int64_t tokens, dk, dv;
   std::vector<float> q, k, v, beta, g;
@@ -64,7 +63,8 @@ struct HeadSequence {
     const int64_t q_offset = key_head * dk;
     const int64_t k_offset = int64_t{shape.num_key_heads} * dk + key_head * dk;
     const int64_t v_offset = 2 * int64_t{shape.num_key_heads} * dk + head * dv;
-    const float query_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    // HF: query * (1 / dk ** 0.5), a Python double rounded to fp32.
+    const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
     for (int64_t t = 0; t < tokens; ++t) {
       const float* row = qkv.row<float>(t);
       l2_normalize(row + q_offset, dk, query_scale, &q[t * dk]);
