@@ -239,6 +239,16 @@ TEST(QuantConfig, RejectsMissingFields) {
   EXPECT_EQ(error_of(config),
             "config.json: quantization_config.config_groups.group_0.weights: missing (expected an "
             "object)");
+  config = w4a16_config();
+  config["config_groups"]["group_0"].erase("targets");
+  EXPECT_EQ(error_of(config),
+            "config.json: quantization_config.config_groups.group_0.targets: missing (expected a "
+            "list of module names or \"re:\" patterns)");
+  config = w4a16_config();
+  config["config_groups"]["group_0"]["weights"].erase("num_bits");
+  EXPECT_EQ(error_of(config),
+            "config.json: quantization_config.config_groups.group_0.weights.num_bits: missing (expected 4 "
+            "(W4A16))");
   EXPECT_EQ(error_of(json::array()), "config.json: quantization_config: expected an object, got []");
 }
 

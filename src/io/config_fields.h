@@ -21,6 +21,8 @@ class ConfigFields {
 
   bool has(std::string_view key) const;
   const nlohmann::json& at(std::string_view key) const;  // throws "missing" when absent
+  // The value of a required field; when absent, throws "SOURCE: PATH: missing (expected EXPECTED)".
+  const nlohmann::json& require(std::string_view key, std::string_view expected) const;
   ConfigFields object(std::string_view key) const;
 
   int positive_int(std::string_view key) const;
@@ -34,8 +36,6 @@ class ConfigFields {
   [[noreturn]] void fail_field(std::string_view key, std::string_view expected) const;
 
  private:
-  const nlohmann::json& require(std::string_view key, std::string_view expected) const;
-
   const nlohmann::json& object_;
   std::string source_;
   std::string path_;

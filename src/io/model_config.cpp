@@ -30,7 +30,7 @@ void require_model_type(const ConfigFields& fields, std::string_view expected) {
 }
 
 std::string read_architecture(const ConfigFields& root) {
-  const nlohmann::json& list = root.at("architectures");
+  const nlohmann::json& list = root.require("architectures", "a list of architecture names");
   if (!list.is_array() || list.empty() || !list[0].is_string())
     root.fail_field("architectures", "a list of architecture names");
   std::string architecture = list[0].get<std::string>();

@@ -14,8 +14,9 @@ namespace {
 constexpr std::string_view kRegexPrefix = "re:";
 
 std::vector<ModuleMatcher> parse_module_list(const ConfigFields& fields, std::string_view key) {
-  const nlohmann::json& list = fields.at(key);
-  if (!list.is_array()) fields.fail_field(key, "a list of module names or \"re:\" patterns");
+  constexpr std::string_view expected = "a list of module names or \"re:\" patterns";
+  const nlohmann::json& list = fields.require(key, expected);
+  if (!list.is_array()) fields.fail_field(key, expected);
   std::vector<ModuleMatcher> matchers;
   for (size_t i = 0; i < list.size(); ++i) {
     std::string field = fmt::format("{}[{}]", fields.path_of(key), i);
@@ -38,7 +39,7 @@ void require_string(const ConfigFields& fields, std::string_view key, std::strin
 
 WeightQuantScheme parse_weights(const ConfigFields& weights) {
   WeightQuantScheme scheme;
-  const nlohmann::json& bits = weights.at("num_bits");
+  const nlohmann::json& bits = weights.require("num_bits", "4 (W4A16)");
   if (!bits.is_number_integer() || bits.get<int64_t>() != 4) weights.fail_field("num_bits", "4 (W4A16)");
   scheme.num_bits = 4;
   require_string(weights, "type", "int");
