@@ -15,6 +15,19 @@ std::pair<size_t, size_t> share(size_t n, size_t parts, size_t i) {
   return {begin, begin + base + (i < extra ? 1 : 0)};
 }
 
+// Set while this thread runs a share of a parallel_for, so that a nested call neither waits for the workers
+// (which are busy with the outer call) nor for call_mutex_.
+thread_local bool running_share = false;
+
+void run_share(const std::function<void(size_t, size_t)>& fn, size_t begin, size_t end) {
+  struct ShareScope {
+    bool outer = running_share;
+    ShareScope() { running_share = true; }
+    ~ShareScope() { running_share = outer; }
+  } scope;
+  fn(begin, end);
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(size_t threads) {
@@ -45,7 +58,7 @@ void ThreadPool::worker_loop(size_t index) {
       n = job_size_;
     }
     auto [b, e] = share(n, size(), index);
-    if (b < e) (*job)(b, e);
+    if (b < e) run_share(*job, b, e);
     {
       std::lock_guard lock(mutex_);
       if (--pending_ == 0) work_done_.notify_one();
@@ -55,10 +68,11 @@ void ThreadPool::worker_loop(size_t index) {
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
   if (n == 0) return;
-  if (workers_.empty() || n == 1) {
+  if (workers_.empty() || n == 1 || running_share) {
     fn(0, n);
     return;
   }
+  std::lock_guard call(call_mutex_);
   {
     std::lock_guard lock(mutex_);
     job_ = &fn;
@@ -68,7 +82,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   }
   work_ready_.notify_all();
   auto [b, e] = share(n, size(), 0);
-  if (b < e) fn(b, e);
+  if (b < e) run_share(fn, b, e);
   std::unique_lock lock(mutex_);
   work_done_.wait(lock, [&] { return pending_ == 0; });
 }

@@ -20,6 +20,7 @@ class ThreadPool {
   size_t size() const { return workers_.size() + 1; }
 
   // Calls fn(begin, end) on disjoint sub-ranges covering [0, n); the caller's thread takes a share.
+  // Calls from several threads at once take turns; a call from inside fn runs serially on its thread.
   void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn);
 
   static ThreadPool& global();
@@ -28,6 +29,7 @@ class ThreadPool {
   void worker_loop(size_t index);
 
   std::vector<std::thread> workers_;
+  std::mutex call_mutex_;  // one parallel_for at a time owns the workers
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
