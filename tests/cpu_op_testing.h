@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/half.h"
 
-namespace qspec::testing {
+namespace qspec::cpu_test {
 
 // rows x cols elements with `stride` >= cols elements between rows; F32 padding holds NaN so that an op
 // reading outside the view poisons its result.
@@ -152,4 +152,4 @@ inline void expect_error(const std::function<void()>& fn, const std::vector<std:
   }
 }
 
-}  // namespace qspec::testing
+}  // namespace qspec::cpu_test

@@ -8,8 +8,8 @@
 namespace qspec {
 namespace {
 
-using testing::expect_error;
-using testing::TestTensor;
+using cpu_test::expect_error;
+using cpu_test::TestTensor;
 
 class CpuErrors : public ::testing::Test {
  protected:
@@ -81,7 +81,7 @@ TEST_F(CpuErrors, LinearW4A16) {
 TEST_F(CpuErrors, EmbedRejectsIdsOutsideVocabulary) {
   TestTensor table(DType::BF16, 50, 8), out = f32(2, 8);
   for (int32_t bad : {50, -1}) {
-    TestTensor ids = testing::index_tensor({3, bad});
+    TestTensor ids = cpu_test::index_tensor({3, bad});
     expect_error([&] { backend->embed(out.view(), table.view(), ids.view()); },
                  {"embed", "token id " + std::to_string(bad), "[0, 50)"});
   }
@@ -92,14 +92,14 @@ TEST_F(CpuErrors, EmbedRejectsIdsOutsideVocabulary) {
 
 TEST_F(CpuErrors, KvStoreAndAttentionRejectPositionsOutsideCache) {
   TestTensor cache = f32(8, 16), x = f32(2, 16), q = f32(2, 32), out = f32(2, 32);
-  TestTensor positions = testing::index_tensor({7, 8});
+  TestTensor positions = cpu_test::index_tensor({7, 8});
   expect_error([&] { backend->kv_store(cache.view(), x.view(), positions.view()); },
                {"kv_store", "position 8", "8 rows"});
   const AttentionShape shape{2, 1, 16, 0.25f};
   expect_error(
       [&] { backend->attention(out.view(), q.view(), cache.view(), cache.view(), positions.view(), shape); },
       {"attention", "position 8", "8 rows"});
-  TestTensor ok_positions = testing::index_tensor({0, 1});
+  TestTensor ok_positions = cpu_test::index_tensor({0, 1});
   expect_error(
       [&] {
         backend->attention(out.view(), q.view(), cache.view(), cache.view(), ok_positions.view(),
@@ -141,11 +141,11 @@ TEST_F(CpuErrors, ElementwiseAndSplit) {
 
 TEST_F(CpuErrors, Rope) {
   TestTensor x = f32(2, 32);
-  TestTensor positions = testing::index_tensor({0, 1});
+  TestTensor positions = cpu_test::index_tensor({0, 1});
   expect_error([&] { backend->rope(x.view(), positions.view(), 16, 18, 1e4); }, {"rope", "rotary_dim 18"});
   expect_error([&] { backend->rope(x.view(), positions.view(), 16, 7, 1e4); }, {"rope", "rotary_dim 7"});
   expect_error([&] { backend->rope(x.view(), positions.view(), 12, 8, 1e4); }, {"rope", "head_dim 12"});
-  TestTensor three = testing::index_tensor({0, 1, 2});
+  TestTensor three = cpu_test::index_tensor({0, 1, 2});
   expect_error([&] { backend->rope(x.view(), three.view(), 16, 8, 1e4); },
                {"rope", "positions", "[3, 1]", "[2, 1]"});
 }

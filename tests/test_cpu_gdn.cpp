@@ -11,8 +11,8 @@
 namespace qspec {
 namespace {
 
-using testing::Reference;
-using testing::TestTensor;
+using cpu_test::Reference;
+using cpu_test::TestTensor;
 
 double silu(double x) {
   return x / (1 + std::exp(-x));
@@ -47,15 +47,15 @@ TEST(CpuConv1d, MatchesReferenceAndUpdatesState) {
   for (int64_t kernel : {2, 4})
     for (int64_t tokens : {1, 2, 3, 63, 64, 65}) {
       SCOPED_TRACE(::testing::Message() << "K " << kernel << " T " << tokens);
-      TestTensor x = testing::random_tensor(rng, DType::F32, tokens, channels, -2, 2, channels + 3);
-      TestTensor state = testing::random_tensor(rng, DType::F32, channels, kernel - 1, -2, 2);
-      TestTensor w = testing::random_tensor(rng, DType::BF16, channels, kernel);
+      TestTensor x = cpu_test::random_tensor(rng, DType::F32, tokens, channels, -2, 2, channels + 3);
+      TestTensor state = cpu_test::random_tensor(rng, DType::F32, channels, kernel - 1, -2, 2);
+      TestTensor w = cpu_test::random_tensor(rng, DType::BF16, channels, kernel);
       TestTensor out(DType::F32, tokens, channels);
       Reference want_state(channels, kernel - 1);
       Reference want = reference_conv(x, state, w, want_state);
       backend->conv1d_silu(out.view(), x.view(), state.view(), w.view());
-      EXPECT_LE(testing::relative_max_error(out, want), 1e-5);
-      EXPECT_EQ(testing::relative_max_error(state, want_state), 0.0);
+      EXPECT_LE(cpu_test::relative_max_error(out, want), 1e-5);
+      EXPECT_EQ(cpu_test::relative_max_error(state, want_state), 0.0);
     }
 }
 
@@ -63,9 +63,9 @@ TEST(CpuConv1d, TokensAtOnceEqualOneByOneAndInPlace) {
   std::mt19937 rng(22);
   auto backend = make_cpu_backend();
   const int64_t tokens = 9, channels = 7, kernel = 4;
-  TestTensor x = testing::random_tensor(rng, DType::F32, tokens, channels, -2, 2);
-  TestTensor w = testing::random_tensor(rng, DType::F32, channels, kernel);
-  TestTensor state_all = testing::random_tensor(rng, DType::F32, channels, kernel - 1);
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, tokens, channels, -2, 2);
+  TestTensor w = cpu_test::random_tensor(rng, DType::F32, channels, kernel);
+  TestTensor state_all = cpu_test::random_tensor(rng, DType::F32, channels, kernel - 1);
   TestTensor state_steps(DType::F32, channels, kernel - 1);
   backend->copy(state_steps.view(), state_all.view());
   TestTensor all(DType::F32, tokens, channels), steps(DType::F32, tokens, channels);
@@ -73,17 +73,17 @@ TEST(CpuConv1d, TokensAtOnceEqualOneByOneAndInPlace) {
   for (int64_t t = 0; t < tokens; ++t)
     backend->conv1d_silu(steps.view().rows_view(t, 1), x.view().rows_view(t, 1), state_steps.view(),
                          w.view());
-  EXPECT_EQ(testing::relative_max_error(steps, testing::reference_of(all)), 0.0);
-  EXPECT_EQ(testing::relative_max_error(state_steps, testing::reference_of(state_all)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(steps, cpu_test::reference_of(all)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(state_steps, cpu_test::reference_of(state_all)), 0.0);
   // out aliasing x: same values as the out-of-place run from the same starting state.
   TestTensor state_in_place(DType::F32, channels, kernel - 1);
   backend->copy(state_in_place.view(), state_all.view());
   backend->copy(state_all.view(), state_steps.view());  // state after the sequence, for the next comparison
-  TestTensor next = testing::random_tensor(rng, DType::F32, 3, channels, -2, 2);
+  TestTensor next = cpu_test::random_tensor(rng, DType::F32, 3, channels, -2, 2);
   TestTensor next_out(DType::F32, 3, channels);
   backend->conv1d_silu(next_out.view(), next.view(), state_all.view(), w.view());
   backend->conv1d_silu(next.view(), next.view(), state_in_place.view(), w.view());
-  EXPECT_EQ(testing::relative_max_error(next, testing::reference_of(next_out)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(next, cpu_test::reference_of(next_out)), 0.0);
 }
 
 // ---- gdn_gates
@@ -101,13 +101,13 @@ TEST(CpuGdnGates, SigmoidAndSoftplusDecay) {
   const std::vector<double> a_values = {-30, -2, 0.3, 19.5, 25, 100, 1000};
   const auto tokens = static_cast<int64_t>(a_values.size());
   // b and a as column views of one fused projection output [T, 2 * heads + 1] (strided inputs).
-  TestTensor ba = testing::random_tensor(rng, DType::F32, tokens, 2 * heads + 1, -5, 5);
+  TestTensor ba = cpu_test::random_tensor(rng, DType::F32, tokens, 2 * heads + 1, -5, 5);
   const Tensor b = ba.view().cols_view(0, heads), a = ba.view().cols_view(heads, heads);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < heads; ++h)
       a.row<float>(t)[h] = static_cast<float>(a_values[t] + 0.1 * static_cast<double>(h));
-  TestTensor a_log = testing::random_tensor(rng, DType::F32, 1, heads, -3, 1);
-  TestTensor dt_bias = testing::random_tensor(rng, DType::BF16, 1, heads, -1, 1);
+  TestTensor a_log = cpu_test::random_tensor(rng, DType::F32, 1, heads, -3, 1);
+  TestTensor dt_bias = cpu_test::random_tensor(rng, DType::BF16, 1, heads, -1, 1);
   TestTensor beta(DType::F32, tokens, heads), g(DType::F32, tokens, heads);
   backend->gdn_gates(beta.view(), g.view(), b, a, a_log.view(), dt_bias.view());
   for (int64_t t = 0; t < tokens; ++t)
@@ -128,14 +128,14 @@ struct GdnProblem {
 
   GdnProblem(std::mt19937& rng, const GdnShape& s, int64_t tokens, int64_t qkv_stride = 0)
       : shape(s),
-        qkv(testing::random_tensor(
+        qkv(cpu_test::random_tensor(
             rng, DType::F32, tokens,
             2 * int64_t{s.num_key_heads} * s.key_head_dim + int64_t{s.num_value_heads} * s.value_head_dim, -1,
             1, qkv_stride)),
-        beta(testing::random_tensor(rng, DType::F32, tokens, s.num_value_heads, 0.01, 0.99)),
-        g(testing::random_tensor(rng, DType::F32, tokens, s.num_value_heads, -1.5, 0)),
-        state(testing::random_tensor(rng, DType::F32, int64_t{s.num_value_heads} * s.key_head_dim,
-                                     s.value_head_dim, -0.5, 0.5)) {}
+        beta(cpu_test::random_tensor(rng, DType::F32, tokens, s.num_value_heads, 0.01, 0.99)),
+        g(cpu_test::random_tensor(rng, DType::F32, tokens, s.num_value_heads, -1.5, 0)),
+        state(cpu_test::random_tensor(rng, DType::F32, int64_t{s.num_value_heads} * s.key_head_dim,
+                                      s.value_head_dim, -0.5, 0.5)) {}
 
   int64_t tokens() const { return qkv.rows(); }
   int64_t out_cols() const { return int64_t{shape.num_value_heads} * shape.value_head_dim; }
@@ -201,14 +201,14 @@ TEST(CpuGatedDeltaRule, RecurrentMatchesNaiveDoubleFormula) {
   for (int64_t tokens : {1, 3, 63, 64, 65, 130}) {
     SCOPED_TRACE(::testing::Message() << "T " << tokens);
     GdnProblem p(rng, kGroupedShape, tokens, 200);
-    Reference want_state = testing::reference_of(p.state);
+    Reference want_state = cpu_test::reference_of(p.state);
     Reference want = naive_gated_delta_rule(p, want_state);
     TestTensor out(DType::F32, tokens, p.out_cols());
     TestTensor state = p.state_copy();
     cpu::gated_delta_rule_recurrent(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(),
                                     p.shape);
-    EXPECT_LE(testing::relative_max_error(out, want), 1e-5);
-    EXPECT_LE(testing::relative_max_error(state, want_state), 1e-5);
+    EXPECT_LE(cpu_test::relative_max_error(out, want), 1e-5);
+    EXPECT_LE(cpu_test::relative_max_error(state, want_state), 1e-5);
   }
 }
 
@@ -226,8 +226,8 @@ TEST(CpuGatedDeltaRule, ChunkedMatchesRecurrentForEveryLength) {
                                     state_recurrent.view(), shape);
     cpu::gated_delta_rule_chunked(out_chunked.view(), p.qkv.view(), p.beta.view(), p.g.view(),
                                   state_chunked.view(), shape);
-    ASSERT_LE(testing::relative_max_error(out_chunked, testing::reference_of(out_recurrent)), 1e-5);
-    ASSERT_LE(testing::relative_max_error(state_chunked, testing::reference_of(state_recurrent)), 1e-5);
+    ASSERT_LE(cpu_test::relative_max_error(out_chunked, cpu_test::reference_of(out_recurrent)), 1e-5);
+    ASSERT_LE(cpu_test::relative_max_error(state_chunked, cpu_test::reference_of(state_recurrent)), 1e-5);
   }
 }
 
@@ -254,8 +254,8 @@ TEST(CpuGatedDeltaRule, SplitAcrossCallsEqualsAllAtOnce) {
       for (int64_t t = 100; t < 165; ++t) run(t, 1);
     else
       run(100, 65);
-    EXPECT_LE(testing::relative_max_error(out, testing::reference_of(out_all)), 1e-5);
-    EXPECT_LE(testing::relative_max_error(state, testing::reference_of(state_all)), 1e-5);
+    EXPECT_LE(cpu_test::relative_max_error(out, cpu_test::reference_of(out_all)), 1e-5);
+    EXPECT_LE(cpu_test::relative_max_error(state, cpu_test::reference_of(state_all)), 1e-5);
   }
 }
 

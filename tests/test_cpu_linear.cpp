@@ -9,8 +9,8 @@
 namespace qspec {
 namespace {
 
-using testing::Reference;
-using testing::TestTensor;
+using cpu_test::Reference;
+using cpu_test::TestTensor;
 
 struct LinearCase {
   int64_t tokens, in_features, out_features, x_stride;
@@ -50,8 +50,8 @@ TEST_P(CpuLinearDense, MatchesDoubleReference) {
                        LinearCase{65, 264, 17, 264}, LinearCase{130, 37, 5, 40}}) {
     SCOPED_TRACE(::testing::Message()
                  << "T " << c.tokens << " K " << c.in_features << " N " << c.out_features);
-    TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.x_stride);
-    TestTensor w = testing::random_tensor(rng, GetParam(), c.out_features, c.in_features);
+    TestTensor x = cpu_test::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.x_stride);
+    TestTensor w = cpu_test::random_tensor(rng, GetParam(), c.out_features, c.in_features);
     TestTensor out(DType::F32, c.tokens, c.out_features);
     LinearWeight weight{c.out_features, c.in_features, w.view(), {}, {}, 0};
     backend->linear(out.view(), x.view(), weight);
@@ -99,8 +99,9 @@ TEST(CpuLinear, W4A16MatchesDequantizedDoubleReference) {
       for (int& code : row) code = nibble(rng);
     TestTensor packed = pack_nibbles(codes);
     TestTensor scales =
-        testing::random_tensor(rng, c.scale_dtype, c.out_features, c.in_features / c.group_size, -0.1, 0.1);
-    TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.in_features + 3);
+        cpu_test::random_tensor(rng, c.scale_dtype, c.out_features, c.in_features / c.group_size, -0.1, 0.1);
+    TestTensor x =
+        cpu_test::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.in_features + 3);
     TestTensor out(DType::F32, c.tokens, c.out_features);
     LinearWeight weight{c.out_features, c.in_features, {}, packed.view(), scales.view(), c.group_size};
     backend->linear(out.view(), x.view(), weight);
@@ -133,8 +134,8 @@ TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
   // The same output row computed alone and inside a batch must be bit-identical.
   std::mt19937 rng(3);
   auto backend = make_cpu_backend();
-  TestTensor x = testing::random_tensor(rng, DType::F32, 5, 300);
-  TestTensor w = testing::random_tensor(rng, DType::BF16, 70, 300);
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, 5, 300);
+  TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 70, 300);
   LinearWeight weight{70, 300, w.view(), {}, {}, 0};
   TestTensor all(DType::F32, 5, 70), one(DType::F32, 1, 70);
   backend->linear(all.view(), x.view(), weight);

@@ -10,8 +10,8 @@
 namespace qspec {
 namespace {
 
-using testing::Reference;
-using testing::TestTensor;
+using cpu_test::Reference;
+using cpu_test::TestTensor;
 
 double silu(double x) {
   return x / (1 + std::exp(-x));
@@ -49,41 +49,41 @@ TEST(CpuRmsnorm, BothOffsetsFullRowAndPerHead) {
       for (DType weight_dtype : {DType::BF16, DType::F32}) {
         SCOPED_TRACE(::testing::Message()
                      << "cols " << c.cols << " group " << c.group << " offset " << unit_offset);
-        TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.cols, -2, 2, c.stride);
-        TestTensor w = testing::random_tensor(rng, weight_dtype, 1, c.group, -0.5, 0.5);
+        TestTensor x = cpu_test::random_tensor(rng, DType::F32, c.tokens, c.cols, -2, 2, c.stride);
+        TestTensor w = cpu_test::random_tensor(rng, weight_dtype, 1, c.group, -0.5, 0.5);
         TestTensor out(DType::F32, c.tokens, c.cols);
         backend->rmsnorm(out.view(), x.view(), w.view(), 1e-6f, unit_offset);
         Reference want = reference_rmsnorm(x, c.group, 1e-6, [&](int64_t, int64_t, int64_t i) {
           return (unit_offset ? 1.0 : 0.0) + w.get(0, i);
         });
-        EXPECT_LE(testing::relative_max_error(out, want), kTolerance);
+        EXPECT_LE(cpu_test::relative_max_error(out, want), kTolerance);
       }
 }
 
 TEST(CpuRmsnorm, InPlace) {
   std::mt19937 rng(2);
   auto backend = make_cpu_backend();
-  TestTensor x = testing::random_tensor(rng, DType::F32, 4, 48);
-  TestTensor w = testing::random_tensor(rng, DType::F32, 1, 16);
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, 4, 48);
+  TestTensor w = cpu_test::random_tensor(rng, DType::F32, 1, 16);
   Reference want =
       reference_rmsnorm(x, 16, 1e-6, [&](int64_t, int64_t, int64_t i) { return 1 + w.get(0, i); });
   backend->rmsnorm(x.view(), x.view(), w.view(), 1e-6f, true);
-  EXPECT_LE(testing::relative_max_error(x, want), kTolerance);
+  EXPECT_LE(cpu_test::relative_max_error(x, want), kTolerance);
 }
 
 TEST(CpuGatedRmsnorm, PerHeadTimesSiluGate) {
   std::mt19937 rng(3);
   auto backend = make_cpu_backend();
   for (NormCase c : {NormCase{1, 32, 16, 32}, NormCase{65, 4 * 24, 24, 101}}) {
-    TestTensor x = testing::random_tensor(rng, DType::F32, c.tokens, c.cols, -2, 2, c.stride);
-    TestTensor z = testing::random_tensor(rng, DType::F32, c.tokens, c.cols, -4, 4, c.stride + 1);
-    TestTensor w = testing::random_tensor(rng, DType::F32, 1, c.group, 0.5, 1.5);
+    TestTensor x = cpu_test::random_tensor(rng, DType::F32, c.tokens, c.cols, -2, 2, c.stride);
+    TestTensor z = cpu_test::random_tensor(rng, DType::F32, c.tokens, c.cols, -4, 4, c.stride + 1);
+    TestTensor w = cpu_test::random_tensor(rng, DType::F32, 1, c.group, 0.5, 1.5);
     TestTensor out(DType::F32, c.tokens, c.cols, c.cols + 2);
     backend->gated_rmsnorm(out.view(), x.view(), w.view(), z.view(), 1e-6f);
     Reference want = reference_rmsnorm(x, c.group, 1e-6, [&](int64_t t, int64_t first, int64_t i) {
       return w.get(0, i) * silu(z.get(t, first + i));
     });
-    EXPECT_LE(testing::relative_max_error(out, want), kTolerance);
+    EXPECT_LE(cpu_test::relative_max_error(out, want), kTolerance);
     EXPECT_TRUE(out.padding_intact());
   }
 }
@@ -91,8 +91,8 @@ TEST(CpuGatedRmsnorm, PerHeadTimesSiluGate) {
 TEST(CpuElementwise, AddSiluMulSigmoidMul) {
   std::mt19937 rng(4);
   auto backend = make_cpu_backend();
-  TestTensor a = testing::random_tensor(rng, DType::F32, 7, 33, -6, 6, 40);
-  TestTensor b = testing::random_tensor(rng, DType::F32, 7, 33, -6, 6);
+  TestTensor a = cpu_test::random_tensor(rng, DType::F32, 7, 33, -6, 6, 40);
+  TestTensor b = cpu_test::random_tensor(rng, DType::F32, 7, 33, -6, 6);
   TestTensor out(DType::F32, 7, 33);
   Reference want(7, 33);
   const std::vector<std::pair<std::string, std::function<double(double, double)>>> cases = {
@@ -107,7 +107,7 @@ TEST(CpuElementwise, AddSiluMulSigmoidMul) {
     if (op == "sigmoid_mul") backend->sigmoid_mul(out.view(), a.view(), b.view());
     for (int64_t t = 0; t < 7; ++t)
       for (int64_t i = 0; i < 33; ++i) want.at(t, i) = combine(a.get(t, i), b.get(t, i));
-    EXPECT_LE(testing::relative_max_error(out, want), kTolerance);
+    EXPECT_LE(cpu_test::relative_max_error(out, want), kTolerance);
   }
 }
 
@@ -115,7 +115,7 @@ TEST(CpuSplitQueryGate, InterleavedPerHead) {
   std::mt19937 rng(5);
   auto backend = make_cpu_backend();
   const int64_t heads = 3, dim = 5;
-  TestTensor qg = testing::random_tensor(rng, DType::F32, 4, heads * 2 * dim);
+  TestTensor qg = cpu_test::random_tensor(rng, DType::F32, 4, heads * 2 * dim);
   TestTensor query(DType::F32, 4, heads * dim), gate(DType::F32, 4, heads * dim);
   backend->split_query_gate(query.view(), gate.view(), qg.view(), static_cast<int>(dim));
   for (int64_t t = 0; t < 4; ++t)
@@ -136,8 +136,8 @@ TEST(CpuRope, PartialNeoxRotationMatchesReference) {
   const std::vector<int32_t> positions = {0, 1, 7, 300, 4095, 131071};
   const auto tokens = static_cast<int64_t>(positions.size());
   TestTensor x =
-      testing::random_tensor(rng, DType::F32, tokens, heads * head_dim, -1, 1, heads * head_dim + 5);
-  Reference want = testing::reference_of(x);
+      cpu_test::random_tensor(rng, DType::F32, tokens, heads * head_dim, -1, 1, heads * head_dim + 5);
+  Reference want = cpu_test::reference_of(x);
   const int half = rotary_dim / 2;
   for (int64_t t = 0; t < tokens; ++t)
     for (int h = 0; h < heads; ++h)
@@ -148,9 +148,9 @@ TEST(CpuRope, PartialNeoxRotationMatchesReference) {
         want.at(t, h * head_dim + i) = x1 * std::cos(angle) - x2 * std::sin(angle);
         want.at(t, h * head_dim + i + half) = x2 * std::cos(angle) + x1 * std::sin(angle);
       }
-  TestTensor pos = testing::index_tensor(positions);
+  TestTensor pos = cpu_test::index_tensor(positions);
   backend->rope(x.view(), pos.view(), head_dim, rotary_dim, theta);
-  EXPECT_LE(testing::relative_max_error(x, want), kTolerance);
+  EXPECT_LE(cpu_test::relative_max_error(x, want), kTolerance);
   EXPECT_TRUE(x.padding_intact());
 }
 
@@ -208,13 +208,13 @@ TEST(CpuAttention, CausalGqaOverCachePositions) {
         k.set(j, i, std::uniform_real_distribution<double>(-2, 2)(rng));
         v.set(j, i, std::uniform_real_distribution<double>(-1, 1)(rng));
       }
-    TestTensor q = testing::random_tensor(rng, DType::F32, tokens, int64_t{c.heads} * c.head_dim, -2, 2);
+    TestTensor q = cpu_test::random_tensor(rng, DType::F32, tokens, int64_t{c.heads} * c.head_dim, -2, 2);
     TestTensor out(DType::F32, tokens, int64_t{c.heads} * c.head_dim);
-    TestTensor positions = testing::index_tensor(c.positions);
+    TestTensor positions = cpu_test::index_tensor(c.positions);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     backend->attention(out.view(), q.view(), k.view(), v.view(), positions.view(),
                        AttentionShape{c.heads, c.kv_heads, c.head_dim, scale});
-    EXPECT_LE(testing::relative_max_error(out, reference_attention(q, k, v, c, scale)), kTolerance);
+    EXPECT_LE(cpu_test::relative_max_error(out, reference_attention(q, k, v, c, scale)), kTolerance);
   }
 }
 
@@ -222,8 +222,8 @@ TEST(CpuEmbed, GathersRowsOfAnyWeightDtype) {
   std::mt19937 rng(9);
   auto backend = make_cpu_backend();
   for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
-    TestTensor table = testing::random_tensor(rng, dtype, 50, 12);
-    TestTensor ids = testing::index_tensor({49, 0, 7, 7});
+    TestTensor table = cpu_test::random_tensor(rng, dtype, 50, 12);
+    TestTensor ids = cpu_test::index_tensor({49, 0, 7, 7});
     TestTensor out(DType::F32, 4, 12);
     backend->embed(out.view(), table.view(), ids.view());
     for (int64_t t = 0; t < 4; ++t)
@@ -237,8 +237,8 @@ TEST(CpuKvStore, WritesRowsAtPositions) {
   auto backend = make_cpu_backend();
   TestTensor cache(DType::F32, 8, 6);
   backend->fill_zero(cache.view());
-  TestTensor x = testing::random_tensor(rng, DType::F32, 3, 6, -1, 1, 9);
-  TestTensor positions = testing::index_tensor({2, 5, 6});
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 6, -1, 1, 9);
+  TestTensor positions = cpu_test::index_tensor({2, 5, 6});
   backend->kv_store(cache.view(), x.view(), positions.view());
   for (int64_t r = 0; r < 8; ++r)
     for (int64_t i = 0; i < 6; ++i) {
