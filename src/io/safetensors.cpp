@@ -161,11 +161,11 @@ TensorView parse_tensor_entry(const std::string& name, const json& entry, const 
   TensorView view{.name = name, .dtype = parse_dtype(entry, where), .shape = parse_shape(entry, where)};
   std::optional<uint64_t> nbytes = tensor_bytes(view.shape, view.dtype);
   if (!nbytes)
-    fail("{}: shape {} of {} has more bytes than 64 bits count", where, view.shape_string(),
+    fail("{}: shape {} of {} has a byte size that overflows 64 bits", where, view.shape_string(),
          dtype_name(view.dtype));
   auto [begin, end] = parse_data_offsets(entry, where);
   if (end > payload_size)
-    fail("{}: data_offsets [{}, {}] end past the payload of {} bytes", where, begin, end, payload_size);
+    fail("{}: data_offsets [{}, {}] ends past the payload of {} bytes", where, begin, end, payload_size);
   if (end - begin != *nbytes)
     fail("{}: data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {}", where, begin, end,
          end - begin, view.shape_string(), dtype_name(view.dtype), *nbytes);
