@@ -38,7 +38,7 @@ Bpe::Bpe(std::vector<std::string> vocab, const std::vector<BpeMerge>& merges, bo
   for (unsigned byte = 0; byte < 256; ++byte) {
     const char as_char = static_cast<char>(byte);
     const std::optional<TokenId> token = find(std::string_view(&as_char, 1));
-    if (!token) fail("BPE vocabulary has no token for byte 0x{:02X}", byte);
+    if (!token) fail("model.vocab has no token for byte 0x{:02X}", byte);
     byte_token_[byte] = *token;
   }
   merges_.reserve(merges.size());

@@ -14,6 +14,29 @@ std::string pcre2_message(int code) {
   return std::string(reinterpret_cast<const char*>(buffer));
 }
 
+// tokenizer.json patterns are written for Oniguruma, where \s is the Unicode White_Space property. PCRE2's \s
+// differs (it also matches U+180E), so \s and \S become the property itself, which works inside classes too.
+std::string onig_to_pcre2(const std::string& pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 32);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const char escaped = pattern[++i];
+    if (escaped == 's') {
+      out += "\\p{White_Space}";
+    } else if (escaped == 'S') {
+      out += "\\P{White_Space}";
+    } else {
+      out += '\\';
+      out += escaped;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct SplitRegex::Code {
@@ -30,11 +53,12 @@ SplitRegex::SplitRegex(const std::string& pattern, std::string_view where)
     : code_(std::make_unique<Code>()), where_(where) {
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  const std::string translated = onig_to_pcre2(pattern);
+  code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                               PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
   if (code_->code == nullptr) {
-    fail("{}: the split regex does not compile (PCRE2, at pattern offset {}): {}", where_, error_offset,
-         pcre2_message(error));
+    fail("{}: the split regex does not compile (PCRE2, at offset {} of \"{}\"): {}", where_, error_offset,
+         translated, pcre2_message(error));
   }
   // JIT is only a speed-up: the interpreter gives the same matches where JIT is unavailable.
   pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE);

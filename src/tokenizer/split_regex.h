@@ -1,6 +1,7 @@
 // The pre-tokenizer: splits normalized text into the pieces BPE runs on, with the tokenizer's regex in
 // "isolated" mode (every match is a piece, and so is every gap between matches). PCRE2 with UTF + UCP, so
-// \p{L}, \p{N}, \p{M} and \s are Unicode classes as in HF tokenizers' Oniguruma, and JIT-compiled.
+// \p{L}, \p{N}, \p{M} are Unicode classes as in HF tokenizers' Oniguruma (\s is translated to match it too),
+// JIT-compiled.
 #pragma once
 
 #include <memory>

