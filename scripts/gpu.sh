@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs, in one call, plus the steps around it on the development machine.
+#
+# The chosen way (docs/gpu-workflow.md): build HERE on Debian 12 with nvcc 13 (CUDA runtime linked statically,
+# arch sm_90), gather the GPU programs and the few shared libraries the GPU machine's image lacks (fmt,
+# utf8proc, pcre2) into build-cuda/gpu-bundle, and carry that folder with the device call; the programs run
+# there with LD_LIBRARY_PATH=bundle. Nothing is compiled on the GPU machine (its image has no -dev packages).
+#
+#   scripts/gpu.sh pack            here: configure + build build-cuda (-j2), fill build-cuda/gpu-bundle
+#   scripts/gpu.sh run             on the GPU machine (device `run`, carry ["build-cuda/gpu-bundle"]):
+#                                  GPU op + end-to-end tests, then the op timings; JSON under $OUT, a table last
+#   scripts/gpu.sh record DIR      here: copy the JSON that came back (DIR = files_at) into bench/results/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=build-cuda
+BUNDLE=$BUILD/gpu-bundle
+
+pack() {
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+  cmake --build "$BUILD" -j2 --target qspec_cuda_tests qspec_cuda_bench
+  rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
+  cp "$BUILD/tests/cuda/qspec_cuda_tests" "$BUILD/tests/cuda/qspec_cuda_bench" "$BUNDLE/"
+  # Shared libraries of the Debian build that the GPU machine's image does not have.
+  for program in "$BUNDLE/qspec_cuda_tests" "$BUNDLE/qspec_cuda_bench"; do
+    ldd "$program" | awk '/libfmt|libutf8proc|libpcre2/ {print $3}' | xargs -r -I{} cp -L {} "$BUNDLE/"
+  done
+  local commit
+  commit=$(git rev-parse --short HEAD)
+  git diff --quiet HEAD -- src tests/cuda CMakeLists.txt || commit="$commit+uncommitted"
+  echo "$commit" >"$BUNDLE/COMMIT"
+  du -sh "$BUNDLE"
+}
+
+run_on_gpu() {
+  : "${OUT:?OUT must name the folder for results (set by the device tool)}"
+  export LD_LIBRARY_PATH="$PWD/$BUNDLE:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  export QSPEC_COMMIT QSPEC_FIXTURES_DIR="$PWD/tests/fixtures"
+  QSPEC_COMMIT=$(cat "$BUNDLE/COMMIT")
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+  local tests_status=0 bench_status=0
+  QSPEC_CUDA_CHECKS_JSON="$OUT/cuda_checks.json" "$BUNDLE/qspec_cuda_tests" --gtest_brief=1 2>&1 |
+    tee "$OUT/cuda_tests.log" || tests_status=$?
+  "$BUNDLE/qspec_cuda_bench" "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/cuda_bench.log" || bench_status=$?
+  # Out-of-bounds / uninitialised accesses in the kernels: the op tests once more under compute-sanitizer.
+  local memcheck_status=0
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 200 "$sanitizer" --tool memcheck --error-exitcode 3 "$BUNDLE/qspec_cuda_tests" \
+    --gtest_brief=1 --gtest_filter='CudaOps.*' >"$OUT/memcheck.log" 2>&1 || memcheck_status=$?
+  python3 - "$OUT" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+print("\n== CUDA vs CPU: per op, worst case (max |gpu-cpu| / max |cpu|) ==")
+try:
+    report = json.loads((out / "cuda_checks.json").read_text())
+    by_op = {}
+    for c in report["checks"]:
+        err = float("inf") if c["error"] == "inf" else c["error"]
+        worst = by_op.setdefault(c["op"], {"n": 0, "fail": 0, "ratio": -1, "err": 0, "tol": 0})
+        worst["n"] += 1
+        worst["fail"] += not c["passed"]
+        ratio = err / c["tolerance"] if c["tolerance"] > 0 else (0 if err == 0 else float("inf"))
+        if ratio > worst["ratio"]:
+            worst.update(ratio=ratio, err=err, tol=c["tolerance"])
+    print(f"{'op':<18}{'cases':>6}{'max error':>12}{'tolerance':>11}  result")
+    for op, w in by_op.items():
+        print(f"{op:<18}{w['n']:>6}{w['err']:>12.2e}{w['tol']:>11.1e}  {'PASS' if w['fail'] == 0 else 'FAIL x%d' % w['fail']}")
+    print(f"gtest status {report['gtest_status']}")
+except (OSError, ValueError) as e:
+    print(f"no test results: {e}")
+print("\n== first timings (GB/s vs 4.16 TB/s measured) ==")
+try:
+    bench = json.loads((out / "cuda_bench.json").read_text())
+    print(f"{bench['gpu']}, commit {bench['commit']}")
+    for o in bench["ops"]:
+        print(f"{o['op']:<52}{o['us']:>9.1f} us{o['GB_per_s']:>8.0f} GB/s{100 * o['fraction_of_4_16_TB_per_s']:>6.1f}%")
+except (OSError, ValueError) as e:
+    print(f"no timings: {e}")
+PY
+  echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
+  echo "tests exit $tests_status, bench exit $bench_status"
+  [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ]
+}
+
+record() {
+  local from=${1:?usage: scripts/gpu.sh record FILES_AT}
+  local stamp
+  stamp=$(date -u +%Y%m%dT%H%MZ)
+  mkdir -p bench/results
+  for name in cuda_checks cuda_bench; do
+    [ -f "$from/$name.json" ] && cp "$from/$name.json" "bench/results/$stamp-h200-$name.json"
+  done
+  ls bench/results | grep "$stamp"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) run_on_gpu ;;
+  record) record "${2:-}" ;;
+  *)
+    echo "usage: scripts/gpu.sh pack | run | record FILES_AT" >&2
+    exit 2
+    ;;
+esac

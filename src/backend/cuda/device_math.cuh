@@ -1,0 +1,76 @@
+// Device-side helpers shared by the kernels: weight element conversion, fp32 reductions and the scalar
+// functions of the CPU reference (backend/cpu/math.h), written with the same fp32 operations.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+
+namespace qspec::cuda {
+
+inline constexpr int kWarpSize = 32;
+
+__device__ inline float to_float(float v) {
+  return v;
+}
+__device__ inline float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ inline float to_float(__half v) {
+  return __half2float(v);
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32); scratch holds one float per warp. Every thread gets the
+// total; the trailing barrier lets the caller reuse scratch at once.
+__device__ inline float block_sum(float v, float* scratch) {
+  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+  v = warp_sum(v);
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  __syncthreads();
+  return total;
+}
+
+__device__ inline float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+__device__ inline float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+// F.softplus(x, beta=1, threshold=20)
+__device__ inline float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+// Calls launch(W{}) with W the device type of a BF16/F16/F32 weight; other dtypes are refused.
+template <typename Launch>
+cudaError_t with_weight_type(DType dtype, Launch launch) {
+  switch (dtype) {
+    case DType::BF16:
+      return launch(__nv_bfloat16{});
+    case DType::F16:
+      return launch(__half{});
+    case DType::F32:
+      return launch(float{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// A grid-stride launch size for `count` independent elements.
+inline unsigned int grid_for(int64_t count, int block) {
+  constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+  const int64_t blocks = (count + block - 1) / block;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+}  // namespace qspec::cuda

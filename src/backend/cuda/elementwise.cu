@@ -1,0 +1,81 @@
+// Elementwise ops on F32 activations (add, silu_mul, sigmoid_mul) and the per-head query/gate split. One
+// thread per element (grid-stride); rows may be strided; out may alias an input.
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace qspec::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+template <Elementwise kOp>
+__device__ inline float combine(float a, float b) {
+  if constexpr (kOp == Elementwise::Add)
+    return a + b;
+  else if constexpr (kOp == Elementwise::SiluMul)
+    return silu(a) * b;
+  else
+    return a * sigmoid(b);
+}
+
+template <Elementwise kOp>
+__global__ void elementwise_kernel(float* out, int64_t out_stride, const float* a, int64_t a_stride,
+                                   const float* b, int64_t b_stride, int64_t rows, int64_t cols) {
+  const int64_t count = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    out[r * out_stride + c] = combine<kOp>(a[r * a_stride + c], b[r * b_stride + c]);
+  }
+}
+
+// qg row: per head h, head_dim query values then head_dim gate values.
+__global__ void split_query_gate_kernel(float* query, int64_t query_stride, float* gate, int64_t gate_stride,
+                                        const float* qg, int64_t qg_stride, int64_t rows, int64_t half_cols,
+                                        int head_dim) {
+  const int64_t count = rows * half_cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / half_cols, c = i % half_cols;
+    const int64_t head = c / head_dim, d = c % head_dim;
+    const float* pair = qg + r * qg_stride + 2 * head * head_dim;
+    query[r * query_stride + c] = pair[d];
+    gate[r * gate_stride + c] = pair[head_dim + d];
+  }
+}
+
+template <Elementwise kOp>
+cudaError_t launch_op(const Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t stream) {
+  elementwise_kernel<kOp><<<grid_for(a.numel(), kBlock), kBlock, 0, stream>>>(
+      out.ptr<float>(), out.stride, a.ptr<const float>(), a.stride, b.ptr<const float>(), b.stride, a.rows,
+      a.cols);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_elementwise(Elementwise op, const Tensor& out, const Tensor& a, const Tensor& b,
+                               cudaStream_t stream) {
+  if (a.numel() == 0) return cudaSuccess;
+  switch (op) {
+    case Elementwise::Add:
+      return launch_op<Elementwise::Add>(out, a, b, stream);
+    case Elementwise::SiluMul:
+      return launch_op<Elementwise::SiluMul>(out, a, b, stream);
+    case Elementwise::SigmoidMul:
+      return launch_op<Elementwise::SigmoidMul>(out, a, b, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim,
+                                    cudaStream_t stream) {
+  if (query.numel() == 0) return cudaSuccess;
+  split_query_gate_kernel<<<grid_for(query.numel(), kBlock), kBlock, 0, stream>>>(
+      query.ptr<float>(), query.stride, gate.ptr<float>(), gate.stride, qg.ptr<const float>(), qg.stride,
+      qg.rows, query.cols, head_dim);
+  return cudaGetLastError();
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,66 @@
+// The thin host launchers of the CUDA kernels, one group per .cu file. Arguments are already validated by
+// CudaBackend (cuda_backend.cpp); each launcher queues its kernel(s) on `stream` and returns the launch
+// status (cudaGetLastError()). Row strides come from the Tensors, so strided views work everywhere.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backend/tensor.h"
+
+namespace qspec::cuda {
+
+// row_copy.cu: rows by index. An id / position outside the table / cache cannot be reported without a host
+// sync: embed writes NaN into that output row, kv_store skips that row.
+cudaError_t launch_embed(const Tensor& out, const Tensor& table, const Tensor& ids, cudaStream_t stream);
+cudaError_t launch_kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions,
+                            cudaStream_t stream);
+
+// norm.cu: RMSNorm over groups of weight.cols columns; the gated form when z is non-empty.
+cudaError_t launch_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
+                           float eps, bool unit_offset, cudaStream_t stream);
+
+// linear.cu: out = x W^T, dense (BF16/F16/F32 weight [N, K]) or W4A16 (packed I32 [N, K/8] + scales).
+cudaError_t launch_dense_linear(const Tensor& out, const Tensor& x, const Tensor& weight,
+                                cudaStream_t stream);
+cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor& packed,
+                                const Tensor& scales, int group_size, cudaStream_t stream);
+
+// elementwise.cu
+enum class Elementwise { Add, SiluMul, SigmoidMul };
+cudaError_t launch_elementwise(Elementwise op, const Tensor& out, const Tensor& a, const Tensor& b,
+                               cudaStream_t stream);
+cudaError_t launch_split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim,
+                                    cudaStream_t stream);
+
+// rope.cu: inv_freq holds rotary_dim / 2 frequencies, computed on the host exactly as the CPU reference does.
+inline constexpr int kMaxRotaryHalf = 256;
+struct RopeFrequencies {
+  float inv_freq[kMaxRotaryHalf];
+};
+cudaError_t launch_rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim,
+                        const RopeFrequencies& frequencies, cudaStream_t stream);
+
+// attention.cu: one block per (query row, head), online softmax in fp32. A position outside the cache gives
+// NaN output rows. head_dim <= kMaxAttentionHeadDim.
+inline constexpr int kMaxAttentionHeadDim = 256;
+cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
+                             float scale, cudaStream_t stream);
+
+// conv1d.cu: kernel sizes 1..kMaxConvKernel.
+inline constexpr int kMaxConvKernel = 8;
+cudaError_t launch_conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
+                               cudaStream_t stream);
+
+// gdn_gates.cu
+cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
+                             const Tensor& a_log, const Tensor& dt_bias, cudaStream_t stream);
+
+// gated_delta_rule.cu: the per-token recurrence, sequential over T in one launch; one block per (value head,
+// slab of 32 state columns), the slab of the fp32 state held in shared memory for the whole sequence.
+size_t gated_delta_rule_shared_bytes(int key_head_dim);
+cudaError_t launch_gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                    const Tensor& state, int num_key_heads, int num_value_heads,
+                                    int key_head_dim, int value_head_dim, cudaStream_t stream);
+
+}  // namespace qspec::cuda

@@ -1,0 +1,222 @@
+// A first timing of a few CUDA ops at Qwen3.5-4B decode shapes, as bandwidth against the H200's measured
+// 4.16 TB/s (bytes = each input read once + each output written once). Working sets are larger than the 60 MB
+// L2 (several weight matrices / layer states in turn), inputs are random. Time per call = the median over
+// trials of (host time of `reps` back-to-back calls, then one synchronize) / reps, after a warm-up.
+//   qspec_cuda_bench OUT.json   (QSPEC_COMMIT names the commit in the JSON)
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "io/safetensors.h"
+
+namespace qspec {
+namespace {
+
+constexpr double kMeasuredBandwidth = 4.16e12;  // bytes/s, device-to-device copy on this H200 (DESIGN.md)
+constexpr int kTrials = 7;
+constexpr int kReps = 20;
+
+// Cheap deterministic pseudo-random bits (xorshift64*), enough to keep data off zeros.
+class Bits {
+ public:
+  uint64_t next() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    return state_ * 0x2545F4914F6CDD1DULL;
+  }
+  float uniform(float low, float high) {
+    return low + (high - low) * static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
+  }
+
+ private:
+  uint64_t state_ = 0x9E3779B97F4A7C15ULL;
+};
+
+struct Bench {
+  Backend& backend;
+  Bits bits;
+  std::vector<std::vector<uint8_t>> host_bytes;
+  std::vector<std::unique_ptr<Buffer>> buffers;
+
+  Tensor weight(DType dtype, int64_t rows, int64_t cols, float low, float high) {
+    std::vector<uint8_t>& bytes =
+        host_bytes.emplace_back(static_cast<size_t>(rows * cols) * dtype_size(dtype));
+    for (size_t i = 0; i < bytes.size(); i += dtype_size(dtype)) {
+      const float v = bits.uniform(low, high);
+      if (dtype == DType::BF16) {
+        const uint16_t h = f32_to_bf16(v);
+        std::memcpy(&bytes[i], &h, 2);
+      } else if (dtype == DType::I32) {
+        const auto word = static_cast<uint32_t>(bits.next());
+        std::memcpy(&bytes[i], &word, 4);
+      } else {
+        std::memcpy(&bytes[i], &v, 4);
+      }
+    }
+    TensorView view{"bench", dtype, {rows, cols}, bytes.data(), bytes.size(), nullptr};
+    Tensor t = backend.upload_weight(view, rows, cols);
+    host_bytes.back() = {};
+    return t;
+  }
+
+  Tensor activation(int64_t rows, int64_t cols, float low, float high) {
+    const Tensor& t = buffers.emplace_back(backend.alloc(DType::F32, rows, cols))->tensor();
+    std::vector<float> values(static_cast<size_t>(rows * cols));
+    for (float& v : values) v = bits.uniform(low, high);
+    backend.write(t, values.data());
+    return t;
+  }
+
+  Tensor indices(std::vector<int32_t> values) {
+    const Tensor& t =
+        buffers.emplace_back(backend.alloc(DType::I32, static_cast<int64_t>(values.size()), 1))->tensor();
+    backend.write(t, values.data());
+    return t;
+  }
+
+  // Seconds per call of `run`.
+  double time(const std::function<void()>& run) {
+    for (int i = 0; i < 3; ++i) run();
+    backend.synchronize();
+    std::vector<double> trials;
+    for (int trial = 0; trial < kTrials; ++trial) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int rep = 0; rep < kReps; ++rep) run();
+      backend.synchronize();
+      trials.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                       kReps);
+    }
+    std::sort(trials.begin(), trials.end());
+    return trials[trials.size() / 2];
+  }
+};
+
+nlohmann::json entry(const std::string& name, double bytes, double seconds) {
+  const double bandwidth = bytes / seconds;
+  fmt::print("{:<58} {:>10.1f} us {:>8.0f} GB/s {:>5.1f}%\n", name, seconds * 1e6, bandwidth / 1e9,
+             100.0 * bandwidth / kMeasuredBandwidth);
+  return {{"op", name},
+          {"bytes", bytes},
+          {"us", seconds * 1e6},
+          {"GB_per_s", bandwidth / 1e9},
+          {"fraction_of_4_16_TB_per_s", bandwidth / kMeasuredBandwidth}};
+}
+
+int run(const char* out_path) {
+  int device = 0;
+  cudaDeviceProp properties{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess)
+    fail("no CUDA device");
+  std::unique_ptr<Backend> backend = make_cuda_backend();
+  Bench bench{*backend, {}, {}, {}};
+  nlohmann::json results = nlohmann::json::array();
+
+  // W4A16 g32 linear: 8 matrices of gate_proj's shape [9216, 2560] in turn (94 MB + 12 MB of scales).
+  {
+    constexpr int64_t kN = 9216, kK = 2560, kGroup = 32, kMatrices = 8;
+    std::vector<LinearWeight> weights;
+    for (int i = 0; i < kMatrices; ++i)
+      weights.push_back({kN,
+                         kK,
+                         {},
+                         bench.weight(DType::I32, kN, kK / 8, 0, 0),
+                         bench.weight(DType::BF16, kN, kK / kGroup, 0.002f, 0.02f),
+                         static_cast<int>(kGroup)});
+    for (int64_t rows : {1, 16}) {
+      const Tensor x = bench.activation(rows, kK, -1, 1);
+      const Tensor out = bench.activation(rows, kN, -1, 1);
+      const double seconds = bench.time([&] {
+        for (const LinearWeight& w : weights) backend->linear(out, x, w);
+      }) / kMatrices;
+      const double bytes =
+          kN * kK / 2.0 + kN * (kK / kGroup) * 2.0 + 4.0 * static_cast<double>(rows * (kK + kN));
+      results.push_back(entry(fmt::format("linear W4A16 g32 M={} N={} K={}", rows, kN, kK), bytes, seconds));
+    }
+  }
+  // Dense BF16 linear [32768, 2560] (168 MB; the LM head's shape with fewer rows).
+  {
+    constexpr int64_t kN = 32768, kK = 2560;
+    const LinearWeight w{kN, kK, bench.weight(DType::BF16, kN, kK, -0.05f, 0.05f), {}, {}, 0};
+    for (int64_t rows : {1, 16}) {
+      const Tensor x = bench.activation(rows, kK, -1, 1);
+      const Tensor out = bench.activation(rows, kN, -1, 1);
+      const double seconds = bench.time([&] { backend->linear(out, x, w); });
+      const double bytes = kN * kK * 2.0 + 4.0 * static_cast<double>(rows * (kK + kN));
+      results.push_back(entry(fmt::format("linear BF16 M={} N={} K={}", rows, kN, kK), bytes, seconds));
+    }
+  }
+  // Gated delta rule, one decode token, 24 layers' states in turn (2 MiB each, read and written).
+  {
+    constexpr int kLayers = 24;
+    const GdnShape shape{16, 32, 128, 128};
+    const Tensor qkv = bench.activation(1, 8192, -1, 1);
+    const Tensor beta = bench.activation(1, 32, 0.1f, 0.9f);
+    const Tensor g = bench.activation(1, 32, -1.0f, -0.01f);
+    const Tensor out = bench.activation(1, 4096, -1, 1);
+    std::vector<Tensor> states;
+    for (int i = 0; i < kLayers; ++i) states.push_back(bench.activation(32 * 128, 128, -0.5f, 0.5f));
+    const double seconds = bench.time([&] {
+      for (const Tensor& state : states) backend->gated_delta_rule(out, qkv, beta, g, state, shape);
+    }) / kLayers;
+    const double bytes = 2.0 * 32 * 128 * 128 * 4 + 4.0 * (8192 + 64 + 4096);
+    results.push_back(entry("gated_delta_rule T=1 nv 32 dk=dv=128 (state r+w)", bytes, seconds));
+  }
+  // Attention, one decode row over 4096 cached positions, 8 layers' caches in turn (32 MiB K+V each).
+  {
+    constexpr int kLayers = 8, kContext = 4096;
+    const AttentionShape shape{16, 4, 256, 1.0f / 16.0f};
+    const Tensor q = bench.activation(1, 4096, -1, 1);
+    const Tensor out = bench.activation(1, 4096, -1, 1);
+    const Tensor positions = bench.indices({kContext - 1});
+    std::vector<Tensor> caches;
+    for (int i = 0; i < 2 * kLayers; ++i) caches.push_back(bench.activation(kContext, 1024, -1, 1));
+    const double seconds = bench.time([&] {
+      for (int layer = 0; layer < kLayers; ++layer)
+        backend->attention(out, q, caches[2 * layer], caches[2 * layer + 1], positions, shape);
+    }) / kLayers;
+    const double bytes = 2.0 * kContext * 1024 * 4 + 8.0 * 4096;
+    results.push_back(entry("attention T=1 context 4096 heads 16/4/256", bytes, seconds));
+  }
+
+  const char* commit = std::getenv("QSPEC_COMMIT");
+  const nlohmann::json report{
+      {"gpu", properties.name},
+      {"commit", commit ? commit : "unknown"},
+      {"bandwidth_reference_bytes_per_s", kMeasuredBandwidth},
+      {"method", "median of 7 trials of 20 back-to-back calls, host clock + synchronize"},
+      {"ops", results}};
+  std::ofstream out(out_path);
+  out << report.dump(1) << "\n";
+  if (!out) fail("could not write {}", out_path);
+  return 0;
+}
+
+}  // namespace
+}  // namespace qspec
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: qspec_cuda_bench OUT.json\n";
+    return 2;
+  }
+  try {
+    return qspec::run(argv[1]);
+  } catch (const std::exception& e) {
+    std::cerr << "qspec_cuda_bench: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,474 @@
+// Every op of the CUDA backend against the CPU reference, on random data (never zeros) of the Qwen3.5-4B
+// shapes (H 2560, FF 9216, conv_dim 8192, GDN nv 32 / nk 16 / dk = dv 128, attention 16 / 4 heads of 256,
+// rotary 64) and odd ones (M = 1, 3, 16, 65; K not a multiple of 256; T = 1, 63, 65; positions with offsets;
+// strided views). Every output is poisoned with NaN before each run. Error measure: max |gpu - cpu| / max
+// |cpu|; each op states its tolerance and why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include <fmt/format.h>
+#include "backend/cpu/gated_delta_rule.h"
+#include "op_check.h"
+
+namespace qspec::cuda_test {
+namespace {
+
+// Pure data movement: bit-exact.
+constexpr double kExact = 0.0;
+// One fp32 expression per element with expf/log1pf (CUDA: within 2 ulp of the correctly rounded value).
+constexpr double kElementwiseTolerance = 1e-6;
+// Sums in fp32 over up to a few thousand terms in another order: relative differences ~1e-7 * sqrt(n).
+constexpr double kReductionTolerance = 1e-5;
+// Dot products over K up to 9216 in another order (warp-strided partial sums vs 8 interleaved sums).
+constexpr double kLinearTolerance = 5e-5;
+// The recurrence over up to 65 tokens, summation order differing per token, against the CPU recurrence.
+constexpr double kRecurrentGdnTolerance = 5e-5;
+// Against the CPU op, which uses HF's chunked algorithm for T > 1 (the same math in another form).
+constexpr double kChunkedGdnTolerance = 2e-4;
+
+Backends& backends() {
+  static Backends instance;
+  return instance;
+}
+
+// One backend and the accessor of its half of a tensor pair.
+struct Side {
+  Backend& backend;
+  bool gpu;
+  const Tensor& operator()(const TensorPair& pair) const { return gpu ? pair.gpu() : pair.cpu(); }
+  const Tensor& operator()(const WeightPair& pair) const { return gpu ? pair.gpu : pair.cpu; }
+};
+
+void on_both(const std::function<void(const Side&)>& run) {
+  run(Side{backends().cpu(), false});
+  run(Side{backends().gpu(), true});
+  backends().gpu().synchronize();
+}
+
+// Reads a result from both sides and compares it.
+void compare(const std::string& op, const std::string& name, const TensorPair& result, double tolerance) {
+  expect_close(op, name, backends().read_gpu(result.gpu()), backends().read_cpu(result.cpu()), tolerance);
+}
+
+// Reads a (possibly strided) view of a pair through a contiguous copy.
+void compare_view(const std::string& op, const std::string& name, const TensorPair& base,
+                  const std::function<Tensor(const Tensor&)>& view, double tolerance) {
+  const Tensor cpu_view = view(base.cpu()), gpu_view = view(base.gpu());
+  TensorPair copy = backends().poisoned(cpu_view.rows, cpu_view.cols);
+  backends().cpu().copy(copy.cpu(), cpu_view);
+  backends().gpu().copy(copy.gpu(), gpu_view);
+  compare(op, name, copy, tolerance);
+}
+
+std::vector<int32_t> consecutive_positions(int count, int first) {
+  std::vector<int32_t> positions(static_cast<size_t>(count));
+  std::iota(positions.begin(), positions.end(), first);
+  return positions;
+}
+
+std::string dtype_label(DType dtype) {
+  return std::string(dtype_name(dtype));
+}
+
+TEST(CudaOps, MemoryWriteReadCopyFillZero) {
+  std::mt19937 rng(1);
+  auto& b = backends();
+  const std::vector<float> values = random_floats(rng, 16 * 2576, -1.0f, 1.0f);
+  TensorPair wide = b.activation(16, 2576, values);
+  expect_close("memory", "write/read round trip [16, 2576]", b.read_gpu(wide.gpu()), values, kExact);
+
+  // copy between strided views: columns 8..2568 of the wide tensor into a contiguous one and back into a
+  // view.
+  TensorPair narrow = b.poisoned(16, 2560);
+  on_both([&](const Side& s) { s.backend.copy(s(narrow), s(wide).cols_view(8, 2560)); });
+  compare("memory", "copy strided -> contiguous [16, 2560]", narrow, kExact);
+  TensorPair target = b.poisoned(16, 2576);
+  on_both([&](const Side& s) { s.backend.copy(s(target).cols_view(16, 2560), s(narrow)); });
+  compare_view(
+      "memory", "copy contiguous -> strided [16, 2560]", target,
+      [](const Tensor& t) { return t.cols_view(16, 2560); }, kExact);
+
+  // fill_zero on a strided view leaves the other columns alone (still NaN -> compared through a view).
+  TensorPair filled = b.activation(16, 2576, values);
+  on_both([&](const Side& s) { s.backend.fill_zero(s(filled).cols_view(100, 1000)); });
+  compare("memory", "fill_zero strided view [16, 1000] of [16, 2576]", filled, kExact);
+}
+
+TEST(CudaOps, Embed) {
+  std::mt19937 rng(2);
+  auto& b = backends();
+  constexpr int64_t kVocab = 4096, kHidden = 2560;
+  const std::vector<float> table_values = random_floats(rng, kVocab * kHidden, -1.0f, 1.0f);
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
+    const WeightPair table = b.weight(dtype, kVocab, kHidden, table_values);
+    for (int tokens : {1, 3, 16}) {
+      std::vector<int32_t> ids = random_ints(rng, static_cast<size_t>(tokens), 0, kVocab - 1);
+      ids.front() = tokens > 1 ? 0 : static_cast<int32_t>(kVocab - 1);
+      ids.back() = static_cast<int32_t>(kVocab - 1);
+      const TensorPair id_pair = b.indices(ids);
+      TensorPair out = b.poisoned(tokens, kHidden);
+      on_both([&](const Side& s) { s.backend.embed(s(out), s(table), s(id_pair)); });
+      compare("embed",
+              fmt::format("embed {} table [{}, {}] T={}", dtype_label(dtype), kVocab, kHidden, tokens), out,
+              kExact);
+    }
+  }
+}
+
+TEST(CudaOps, RmsNorm) {
+  std::mt19937 rng(3);
+  auto& b = backends();
+  struct Case {
+    int64_t cols, group;
+    DType weight_dtype;
+    bool unit_offset;
+  };
+  for (const Case& c : {Case{2560, 2560, DType::BF16, true}, Case{4096, 256, DType::F32, true},
+                        Case{1024, 256, DType::BF16, true}, Case{4096, 128, DType::F16, false}}) {
+    const WeightPair weight = b.weight(c.weight_dtype, 1, c.group, random_floats(rng, c.group, -0.5f, 0.5f));
+    for (int tokens : {1, 3, 16}) {
+      const TensorPair x = b.activation(tokens, c.cols, random_floats(rng, tokens * c.cols, -3.0f, 3.0f));
+      TensorPair out = b.poisoned(tokens, c.cols);
+      on_both([&](const Side& s) { s.backend.rmsnorm(s(out), s(x), s(weight), 1e-6f, c.unit_offset); });
+      compare("rmsnorm",
+              fmt::format("rmsnorm [{}, {}] group {} weight {}{}", tokens, c.cols, c.group,
+                          dtype_label(c.weight_dtype), c.unit_offset ? " (1 + w)" : ""),
+              out, kReductionTolerance);
+    }
+  }
+  // Strided input and output: the first 2560 columns of [16, 2576] tensors.
+  const WeightPair weight = b.weight(DType::BF16, 1, 2560, random_floats(rng, 2560, -0.5f, 0.5f));
+  const TensorPair x = b.activation(16, 2576, random_floats(rng, 16 * 2576, -3.0f, 3.0f));
+  TensorPair out = b.poisoned(16, 2576);
+  on_both([&](const Side& s) {
+    s.backend.rmsnorm(s(out).cols_view(0, 2560), s(x).cols_view(0, 2560), s(weight), 1e-6f, true);
+  });
+  compare_view(
+      "rmsnorm", "rmsnorm strided views [16, 2560] of [16, 2576]", out,
+      [](const Tensor& t) { return t.cols_view(0, 2560); }, kReductionTolerance);
+}
+
+TEST(CudaOps, GatedRmsNorm) {
+  std::mt19937 rng(4);
+  auto& b = backends();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const WeightPair weight = b.weight(dtype, 1, 128, random_floats(rng, 128, 0.5f, 1.5f));
+    for (int tokens : {1, 3, 16}) {
+      const int64_t cols = 32 * 128;
+      const TensorPair x = b.activation(tokens, cols, random_floats(rng, tokens * cols, -2.0f, 2.0f));
+      const TensorPair z = b.activation(tokens, cols, random_floats(rng, tokens * cols, -4.0f, 4.0f));
+      TensorPair out = b.poisoned(tokens, cols);
+      on_both([&](const Side& s) { s.backend.gated_rmsnorm(s(out), s(x), s(weight), s(z), 1e-6f); });
+      compare("gated_rmsnorm",
+              fmt::format("gated_rmsnorm [{}, {}] group 128 weight {}", tokens, cols, dtype_label(dtype)),
+              out, kReductionTolerance);
+    }
+  }
+}
+
+void check_linear(const std::string& label, const LinearWeight& cpu_weight, const LinearWeight& gpu_weight,
+                  const std::vector<int>& row_counts, std::mt19937& rng) {
+  auto& b = backends();
+  const int64_t n = cpu_weight.out_features, k = cpu_weight.in_features;
+  for (int rows : row_counts) {
+    const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
+    TensorPair out = b.poisoned(rows, n);
+    on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
+    compare("linear", fmt::format("{} M={} N={} K={}", label, rows, n, k), out, kLinearTolerance);
+  }
+}
+
+TEST(CudaOps, LinearDense) {
+  std::mt19937 rng(5);
+  auto& b = backends();
+  struct Case {
+    DType dtype;
+    int64_t n, k;
+    std::vector<int> rows;
+  };
+  const std::vector<Case> cases = {
+      {DType::BF16, 9216, 2560, {1, 3, 16}},   // mlp gate/up
+      {DType::BF16, 2560, 9216, {1, 16, 65}},  // mlp down
+      {DType::F16, 32, 2560, {1, 3}},          // in_proj_b / in_proj_a
+      {DType::F32, 1024, 2560, {1, 16}},       // k_proj in F32
+      {DType::BF16, 1000, 2568, {3}},          // K a multiple of 8, not of 256
+      {DType::BF16, 333, 2561, {1, 3}},        // odd K: the element-wise path
+  };
+  for (const Case& c : cases) {
+    const WeightPair weight = b.weight(c.dtype, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
+    LinearWeight cpu_weight{c.n, c.k, weight.cpu, {}, {}, 0};
+    LinearWeight gpu_weight{c.n, c.k, weight.gpu, {}, {}, 0};
+    check_linear(fmt::format("linear dense {}", dtype_label(c.dtype)), cpu_weight, gpu_weight, c.rows, rng);
+  }
+  // x as a strided view (16-byte aligned rows) and as a misaligned one (element-wise x loads).
+  const WeightPair weight = b.weight(DType::BF16, 512, 2560, random_floats(rng, 512 * 2560, -0.05f, 0.05f));
+  const LinearWeight cpu_weight{512, 2560, weight.cpu, {}, {}, 0};
+  const LinearWeight gpu_weight{512, 2560, weight.gpu, {}, {}, 0};
+  const TensorPair wide = b.activation(5, 2576, random_floats(rng, 5 * 2576, -1.0f, 1.0f));
+  for (int64_t offset : {4, 1}) {
+    TensorPair out = b.poisoned(5, 512);
+    on_both([&](const Side& s) {
+      s.backend.linear(s(out), s(wide).cols_view(offset, 2560), s.gpu ? gpu_weight : cpu_weight);
+    });
+    compare("linear", fmt::format("linear dense BF16 x = columns {}.. of [5, 2576], N=512 K=2560", offset),
+            out, kLinearTolerance);
+  }
+}
+
+TEST(CudaOps, LinearW4A16) {
+  std::mt19937 rng(6);
+  auto& b = backends();
+  struct Case {
+    int64_t n, k;
+    int group;
+    DType scale_dtype;
+    std::vector<int> rows;
+  };
+  const std::vector<Case> cases = {
+      {9216, 2560, 32, DType::BF16, {1, 3, 16}},  // mlp gate/up, g32
+      {2560, 9216, 128, DType::BF16, {1, 16}},    // mlp down, g128
+      {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
+      {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
+  };
+  for (const Case& c : cases) {
+    const int64_t groups = (c.k + c.group - 1) / c.group;
+    std::uniform_int_distribution<uint32_t> words(0, std::numeric_limits<uint32_t>::max());
+    std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
+    for (size_t i = 0; i < packed_bytes.size(); i += 4) {
+      const uint32_t word = words(rng);
+      std::memcpy(&packed_bytes[i], &word, 4);
+    }
+    const WeightPair packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+    const WeightPair scales =
+        b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
+    const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
+    const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
+    check_linear(fmt::format("linear W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)), cpu_weight,
+                 gpu_weight, c.rows, rng);
+  }
+}
+
+TEST(CudaOps, Elementwise) {
+  std::mt19937 rng(7);
+  auto& b = backends();
+  using BinaryOp = void (Backend::*)(const Tensor&, const Tensor&, const Tensor&);
+  struct Case {
+    const char* name;
+    BinaryOp op;
+    double tolerance;
+  };
+  for (const Case& c :
+       {Case{"add", &Backend::add, kExact}, Case{"silu_mul", &Backend::silu_mul, kElementwiseTolerance},
+        Case{"sigmoid_mul", &Backend::sigmoid_mul, kElementwiseTolerance}}) {
+    for (int tokens : {1, 3, 16}) {
+      const TensorPair x = b.activation(tokens, 9216, random_floats(rng, tokens * 9216, -8.0f, 8.0f));
+      const TensorPair y = b.activation(tokens, 9216, random_floats(rng, tokens * 9216, -8.0f, 8.0f));
+      TensorPair out = b.poisoned(tokens, 9216);
+      on_both([&](const Side& s) { (s.backend.*c.op)(s(out), s(x), s(y)); });
+      compare(c.name, fmt::format("{} [{}, 9216]", c.name, tokens), out, c.tolerance);
+    }
+    // In place (out aliases the first input) on strided views.
+    TensorPair x = b.activation(3, 4200, random_floats(rng, 3 * 4200, -8.0f, 8.0f));
+    const TensorPair y = b.activation(3, 4096, random_floats(rng, 3 * 4096, -8.0f, 8.0f));
+    on_both([&](const Side& s) {
+      const Tensor view = s(x).cols_view(100, 4096);
+      (s.backend.*c.op)(view, view, s(y));
+    });
+    compare(c.name, fmt::format("{} in place, strided [3, 4096] of [3, 4200]", c.name), x, c.tolerance);
+  }
+}
+
+TEST(CudaOps, SplitQueryGate) {
+  std::mt19937 rng(8);
+  auto& b = backends();
+  for (int tokens : {1, 3, 16}) {
+    const TensorPair qg = b.activation(tokens, 8192, random_floats(rng, tokens * 8192, -2.0f, 2.0f));
+    TensorPair query = b.poisoned(tokens, 4096), gate = b.poisoned(tokens, 4096);
+    on_both([&](const Side& s) { s.backend.split_query_gate(s(query), s(gate), s(qg), 256); });
+    compare("split_query_gate", fmt::format("split_query_gate query [{}, 4096] head_dim 256", tokens), query,
+            kExact);
+    compare("split_query_gate", fmt::format("split_query_gate gate [{}, 4096] head_dim 256", tokens), gate,
+            kExact);
+  }
+}
+
+TEST(CudaOps, Rope) {
+  std::mt19937 rng(9);
+  auto& b = backends();
+  // cos/sin of the same fp32 angles, within 2 ulp on both sides.
+  constexpr double kRopeTolerance = 2e-6;
+  struct Case {
+    int64_t cols;
+    int head_dim, rotary_dim;
+    double theta;
+  };
+  for (const Case& c :
+       {Case{16 * 256, 256, 64, 1e7}, Case{4 * 256, 256, 64, 1e7}, Case{4 * 64, 64, 16, 1e4}}) {
+    for (int tokens : {1, 3, 16}) {
+      for (int first : {0, 1000, 131000}) {
+        std::vector<int32_t> positions = consecutive_positions(tokens, first);
+        if (tokens == 3) positions = {first + 7, first, first + 100};  // not in order
+        const TensorPair pos = b.indices(positions);
+        TensorPair x = b.activation(tokens, c.cols, random_floats(rng, tokens * c.cols, -2.0f, 2.0f));
+        on_both([&](const Side& s) { s.backend.rope(s(x), s(pos), c.head_dim, c.rotary_dim, c.theta); });
+        compare("rope",
+                fmt::format("rope [{}, {}] head_dim {} rotary {} positions from {}", tokens, c.cols,
+                            c.head_dim, c.rotary_dim, first),
+                x, kRopeTolerance);
+      }
+    }
+  }
+  // A strided view: the key part of a fused [T, q | k] row.
+  const TensorPair pos = b.indices(consecutive_positions(16, 500));
+  TensorPair fused = b.activation(16, 5120, random_floats(rng, 16 * 5120, -2.0f, 2.0f));
+  on_both([&](const Side& s) { s.backend.rope(s(fused).cols_view(4096, 1024), s(pos), 256, 64, 1e7); });
+  compare("rope", "rope strided [16, 1024] of [16, 5120] positions from 500", fused, kRopeTolerance);
+}
+
+TEST(CudaOps, KvStore) {
+  std::mt19937 rng(10);
+  auto& b = backends();
+  for (int tokens : {1, 3, 16}) {
+    TensorPair cache = b.activation(300, 1024, random_floats(rng, 300 * 1024, -1.0f, 1.0f));
+    const TensorPair x = b.activation(tokens, 1024, random_floats(rng, tokens * 1024, -1.0f, 1.0f));
+    std::vector<int32_t> positions = consecutive_positions(tokens, 283);
+    if (tokens == 3) positions = {299, 0, 150};
+    const TensorPair pos = b.indices(positions);
+    on_both([&](const Side& s) { s.backend.kv_store(s(cache), s(x), s(pos)); });
+    compare("kv_store", fmt::format("kv_store [{}, 1024] into cache [300, 1024]", tokens), cache, kExact);
+  }
+}
+
+TEST(CudaOps, Attention) {
+  std::mt19937 rng(11);
+  auto& b = backends();
+  // Softmax-weighted sums over up to 1065 keys; online vs two-pass softmax, dot products in another order.
+  constexpr double kAttentionTolerance = 1e-5;
+  struct Case {
+    int heads, kv_heads, head_dim;
+    int tokens, first_position;
+  };
+  const std::vector<Case> cases = {
+      {16, 4, 256, 1, 299},                      // decode
+      {16, 4, 256, 16, 100},                     // verify block
+      {16, 4, 256, 63, 0},                       // prefill from the start
+      {16, 4, 256, 65, 1000}, {4, 2, 64, 3, 5},  // the fixtures' shape
+      {8, 8, 128, 1, 0},                         // one key, no grouping
+  };
+  for (const Case& c : cases) {
+    const int64_t cache_rows = 1100;
+    const int64_t kv_cols = int64_t{c.kv_heads} * c.head_dim, q_cols = int64_t{c.heads} * c.head_dim;
+    const TensorPair k =
+        b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+    const TensorPair v =
+        b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+    const TensorPair q = b.activation(c.tokens, q_cols, random_floats(rng, c.tokens * q_cols, -3.0f, 3.0f));
+    const TensorPair pos = b.indices(consecutive_positions(c.tokens, c.first_position));
+    TensorPair out = b.poisoned(c.tokens, q_cols);
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim,
+                               1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    on_both([&](const Side& s) { s.backend.attention(s(out), s(q), s(k), s(v), s(pos), shape); });
+    compare("attention",
+            fmt::format("attention heads {}/{} dim {} T={} positions from {}", c.heads, c.kv_heads,
+                        c.head_dim, c.tokens, c.first_position),
+            out, kAttentionTolerance);
+  }
+}
+
+TEST(CudaOps, Conv1dSilu) {
+  std::mt19937 rng(12);
+  auto& b = backends();
+  constexpr int64_t kChannels = 8192;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    for (int kernel : {4, 2}) {
+      const WeightPair weight =
+          b.weight(dtype, kChannels, kernel, random_floats(rng, kChannels * kernel, -0.6f, 0.6f));
+      for (int tokens : {1, 63, 65}) {
+        TensorPair state =
+            b.activation(kChannels, kernel - 1, random_floats(rng, kChannels * (kernel - 1), -2.0f, 2.0f));
+        const TensorPair x =
+            b.activation(tokens, kChannels, random_floats(rng, tokens * kChannels, -2.0f, 2.0f));
+        TensorPair out = b.poisoned(tokens, kChannels);
+        on_both([&](const Side& s) { s.backend.conv1d_silu(s(out), s(x), s(state), s(weight)); });
+        const std::string label =
+            fmt::format("conv1d_silu {} K={} [{}, {}]", dtype_label(dtype), kernel, tokens, kChannels);
+        compare("conv1d_silu", label + " out", out, kElementwiseTolerance);
+        compare("conv1d_silu", label + " state", state, kExact);
+      }
+    }
+  }
+  // In place: out aliases x.
+  const WeightPair weight =
+      b.weight(DType::BF16, kChannels, 4, random_floats(rng, kChannels * 4, -0.6f, 0.6f));
+  TensorPair state = b.activation(kChannels, 3, random_floats(rng, kChannels * 3, -2.0f, 2.0f));
+  TensorPair x = b.activation(16, kChannels, random_floats(rng, 16 * kChannels, -2.0f, 2.0f));
+  on_both([&](const Side& s) { s.backend.conv1d_silu(s(x), s(x), s(state), s(weight)); });
+  compare("conv1d_silu", "conv1d_silu in place [16, 8192] out", x, kElementwiseTolerance);
+  compare("conv1d_silu", "conv1d_silu in place [16, 8192] state", state, kExact);
+}
+
+TEST(CudaOps, GdnGates) {
+  std::mt19937 rng(13);
+  auto& b = backends();
+  const WeightPair a_log = b.weight(DType::F32, 1, 32, random_floats(rng, 32, -2.0f, 2.0f));
+  const WeightPair dt_bias = b.weight(DType::BF16, 1, 32, random_floats(rng, 32, -1.0f, 1.0f));
+  for (int tokens : {1, 3, 16, 65}) {
+    // a spans softplus's threshold of 20.
+    const TensorPair bb = b.activation(tokens, 32, random_floats(rng, tokens * 32, -6.0f, 6.0f));
+    const TensorPair a = b.activation(tokens, 32, random_floats(rng, tokens * 32, -25.0f, 25.0f));
+    TensorPair beta = b.poisoned(tokens, 32), g = b.poisoned(tokens, 32);
+    on_both([&](const Side& s) { s.backend.gdn_gates(s(beta), s(g), s(bb), s(a), s(a_log), s(dt_bias)); });
+    compare("gdn_gates", fmt::format("gdn_gates beta [{}, 32]", tokens), beta, kElementwiseTolerance);
+    compare("gdn_gates", fmt::format("gdn_gates g [{}, 32]", tokens), g, kElementwiseTolerance);
+  }
+}
+
+TEST(CudaOps, GatedDeltaRule) {
+  std::mt19937 rng(14);
+  auto& b = backends();
+  const std::vector<GdnShape> shapes = {{16, 32, 128, 128}, {2, 4, 32, 32}, {3, 6, 64, 48}};
+  for (const GdnShape& shape : shapes) {
+    const int64_t qkv_cols = 2 * int64_t{shape.num_key_heads} * shape.key_head_dim +
+                             int64_t{shape.num_value_heads} * shape.value_head_dim;
+    const int64_t state_rows = int64_t{shape.num_value_heads} * shape.key_head_dim;
+    const int64_t nv = shape.num_value_heads;
+    for (int tokens : {1, 63, 65}) {
+      const std::vector<float> initial_state =
+          random_floats(rng, state_rows * shape.value_head_dim, -0.5f, 0.5f);
+      const TensorPair qkv =
+          b.activation(tokens, qkv_cols, random_floats(rng, tokens * qkv_cols, -1.0f, 1.0f));
+      const TensorPair beta = b.activation(tokens, nv, random_floats(rng, tokens * nv, 0.05f, 0.95f));
+      const TensorPair g = b.activation(tokens, nv, random_floats(rng, tokens * nv, -2.0f, -0.01f));
+      TensorPair state = b.activation(state_rows, shape.value_head_dim, initial_state);
+      TensorPair out = b.poisoned(tokens, nv * shape.value_head_dim);
+      on_both(
+          [&](const Side& s) { s.backend.gated_delta_rule(s(out), s(qkv), s(beta), s(g), s(state), shape); });
+      const std::string label =
+          fmt::format("gated_delta_rule nk {} nv {} dk {} dv {} T={}", shape.num_key_heads, nv,
+                      shape.key_head_dim, shape.value_head_dim, tokens);
+      const double tolerance = tokens == 1 ? kRecurrentGdnTolerance : kChunkedGdnTolerance;
+      const std::string against = tokens == 1 ? "vs CPU op (recurrent)" : "vs CPU op (chunked)";
+      compare("gated_delta_rule", label + " out " + against, out, tolerance);
+      compare("gated_delta_rule", label + " state " + against, state, tolerance);
+      if (tokens == 1) continue;
+      // The same against the CPU recurrence, the algorithm the kernel implements.
+      TensorPair recurrent_state = b.activation(state_rows, shape.value_head_dim, initial_state);
+      TensorPair recurrent_out = b.poisoned(tokens, nv * shape.value_head_dim);
+      cpu::gated_delta_rule_recurrent(recurrent_out.cpu(), qkv.cpu(), beta.cpu(), g.cpu(),
+                                      recurrent_state.cpu(), shape);
+      expect_close("gated_delta_rule", label + " out vs CPU recurrence", b.read_gpu(out.gpu()),
+                   b.read_cpu(recurrent_out.cpu()), kRecurrentGdnTolerance);
+      expect_close("gated_delta_rule", label + " state vs CPU recurrence", b.read_gpu(state.gpu()),
+                   b.read_cpu(recurrent_state.cpu()), kRecurrentGdnTolerance);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qspec::cuda_test
