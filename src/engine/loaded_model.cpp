@@ -1,0 +1,21 @@
+#include "engine/loaded_model.h"
+
+#include "core/error.h"
+
+namespace qspec {
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return make_cpu_backend();
+  fail("--backend: unknown or unavailable backend '{}' (available: cpu)", name);
+}
+
+LoadedModel LoadedModel::open(const std::string& dir, const std::string& backend_name) {
+  LoadedModel loaded;
+  Qwen35Config config = Qwen35Config::load(dir);
+  loaded.store = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
+  loaded.backend = make_backend(backend_name);
+  loaded.model = std::make_unique<Qwen35Model>(std::move(config), *loaded.store, *loaded.backend);
+  return loaded;
+}
+
+}  // namespace qspec

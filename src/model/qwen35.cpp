@@ -1,0 +1,307 @@
+#include "model/qwen35.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+
+namespace qspec {
+
+namespace {
+
+Tensor vector_weight(Backend& backend, const TensorStore& store, const std::string& name, int64_t length) {
+  const TensorView& view = store.get(name);
+  if (view.numel() != length)
+    fail("{}: tensor {} has {} elements, expected {}", store.source(), name, view.numel(), length);
+  return backend.upload_weight(view, 1, length);
+}
+
+LinearWeight linear_weight(Backend& backend, const Qwen35Config& config, const TensorStore& store,
+                           const std::string& module, int64_t out_features, int64_t in_features) {
+  LinearTensors found = find_linear(config, store, module, out_features, in_features);
+  LinearWeight w;
+  w.out_features = out_features;
+  w.in_features = in_features;
+  if (found.weight) {
+    w.weight = backend.upload_weight(*found.weight, out_features, in_features);
+  } else {
+    w.packed = backend.upload_weight(*found.packed, out_features, in_features / 8);
+    w.scales = backend.upload_weight(*found.scales, out_features, in_features / found.group_size);
+    w.group_size = found.group_size;
+  }
+  return w;
+}
+
+Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Backend& backend) {
+  CheckpointReport report = check_checkpoint(c, store);
+  if (!report.ok()) fail("{}: checkpoint does not match its config:\n{}", store.source(), report.problems());
+
+  const int64_t H = c.hidden_size, FF = c.intermediate_size, V = c.vocab_size;
+  Qwen35Weights w;
+  const TensorView& embed = store.get(model_tensor(c, "embed_tokens.weight"));
+  w.embed = backend.upload_weight(embed, V, H);
+  w.final_norm = vector_weight(backend, store, model_tensor(c, "norm.weight"), H);
+  if (c.tie_word_embeddings) {
+    w.lm_head.out_features = V;
+    w.lm_head.in_features = H;
+    w.lm_head.weight = w.embed;
+  } else {
+    w.lm_head = linear_weight(backend, c, store, std::string(kLmHeadModule), V, H);
+  }
+
+  const int64_t conv_dim = c.conv_dim(), value_dim = c.linear_value_dim(), nv = c.linear_num_value_heads;
+  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  for (int i = 0; i < c.num_layers; ++i) {
+    auto name = [&](std::string_view suffix) { return layer_module(c, i, suffix); };
+    Qwen35Layer layer;
+    layer.type = c.layer_types[size_t(i)];
+    layer.input_norm = vector_weight(backend, store, name("input_layernorm.weight"), H);
+    layer.post_attention_norm = vector_weight(backend, store, name("post_attention_layernorm.weight"), H);
+    layer.mlp_gate = linear_weight(backend, c, store, name("mlp.gate_proj"), FF, H);
+    layer.mlp_up = linear_weight(backend, c, store, name("mlp.up_proj"), FF, H);
+    layer.mlp_down = linear_weight(backend, c, store, name("mlp.down_proj"), H, FF);
+    if (layer.type == LayerType::LinearAttention) {
+      layer.in_proj_qkv = linear_weight(backend, c, store, name("linear_attn.in_proj_qkv"), conv_dim, H);
+      layer.in_proj_z = linear_weight(backend, c, store, name("linear_attn.in_proj_z"), value_dim, H);
+      layer.in_proj_b = linear_weight(backend, c, store, name("linear_attn.in_proj_b"), nv, H);
+      layer.in_proj_a = linear_weight(backend, c, store, name("linear_attn.in_proj_a"), nv, H);
+      layer.out_proj = linear_weight(backend, c, store, name("linear_attn.out_proj"), H, value_dim);
+      layer.conv_weight =
+          backend.upload_weight(store.get(name("linear_attn.conv1d.weight")), conv_dim, c.conv_kernel);
+      layer.dt_bias = vector_weight(backend, store, name("linear_attn.dt_bias"), nv);
+      layer.a_log = vector_weight(backend, store, name("linear_attn.A_log"), nv);
+      layer.gdn_norm =
+          vector_weight(backend, store, name("linear_attn.norm.weight"), c.linear_value_head_dim);
+    } else {
+      layer.q_proj = linear_weight(backend, c, store, name("self_attn.q_proj"), 2 * q_dim, H);
+      layer.k_proj = linear_weight(backend, c, store, name("self_attn.k_proj"), kv_dim, H);
+      layer.v_proj = linear_weight(backend, c, store, name("self_attn.v_proj"), kv_dim, H);
+      layer.o_proj = linear_weight(backend, c, store, name("self_attn.o_proj"), H, q_dim);
+      layer.q_norm = vector_weight(backend, store, name("self_attn.q_norm.weight"), c.head_dim);
+      layer.k_norm = vector_weight(backend, store, name("self_attn.k_norm.weight"), c.head_dim);
+    }
+    w.layers.push_back(std::move(layer));
+  }
+  return w;
+}
+
+}  // namespace
+
+// Activation buffers sized for the largest step seen so far; ops use views of the first T rows.
+struct Qwen35Model::Workspace {
+  int64_t capacity = 0;
+  int64_t logit_capacity = 0;
+  std::unique_ptr<Buffer> ids, positions;
+  std::unique_ptr<Buffer> x, normed, mixer_out, mlp_out;
+  std::unique_ptr<Buffer> mlp_gate, mlp_up, mlp_act;
+  std::unique_ptr<Buffer> gdn_mixed, gdn_conv, gdn_z, gdn_b, gdn_a, gdn_beta, gdn_g, gdn_core, gdn_gated;
+  std::unique_ptr<Buffer> attn_qg, attn_q, attn_gate, attn_k, attn_v, attn_out;
+  std::unique_ptr<Buffer> logits;
+  std::vector<std::unique_ptr<Buffer>> hidden;
+};
+
+Qwen35Model::Qwen35Model(Qwen35Config config, const TensorStore& store, Backend& backend)
+    : config_(std::move(config)),
+      backend_(backend),
+      weights_(load_weights(config_, store, backend)),
+      ws_(std::make_unique<Workspace>()) {}
+
+Qwen35Model::~Qwen35Model() = default;
+
+std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) const {
+  const Qwen35Config& c = config_;
+  auto state = std::make_unique<Qwen35State>();
+  state->max_context = max_context;
+  const int64_t kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  for (const Qwen35Layer& layer : weights_.layers) {
+    Qwen35State::Layer s;
+    if (layer.type == LayerType::FullAttention) {
+      s.k_cache = backend_.alloc(DType::F32, max_context, kv_dim);
+      s.v_cache = backend_.alloc(DType::F32, max_context, kv_dim);
+    } else {
+      s.conv_state = backend_.alloc(DType::F32, c.conv_dim(), c.conv_kernel - 1);
+      s.recurrent_state = backend_.alloc(
+          DType::F32, int64_t(c.linear_num_value_heads) * c.linear_key_head_dim, c.linear_value_head_dim);
+    }
+    state->layers.push_back(std::move(s));
+  }
+  reset(*state);
+  return state;
+}
+
+void Qwen35Model::reset(Qwen35State& state) const {
+  for (auto& s : state.layers) {
+    if (s.conv_state) backend_.fill_zero(s.conv_state->tensor());
+    if (s.recurrent_state) backend_.fill_zero(s.recurrent_state->tensor());
+  }
+  state.n_past = 0;
+}
+
+void Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count) {
+  Workspace& ws = *ws_;
+  const Qwen35Config& c = config_;
+  auto make = [&](std::unique_ptr<Buffer>& b, int64_t rows, int64_t cols, DType t = DType::F32) {
+    b = backend_.alloc(t, rows, cols);
+  };
+  if (tokens > ws.capacity) {
+    const int64_t T = tokens, H = c.hidden_size, FF = c.intermediate_size;
+    const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+    const int64_t nv = c.linear_num_value_heads, vd = c.linear_value_dim();
+    make(ws.ids, T, 1, DType::I32);
+    make(ws.positions, T, 1, DType::I32);
+    make(ws.x, T, H);
+    make(ws.normed, T, H);
+    make(ws.mixer_out, T, H);
+    make(ws.mlp_out, T, H);
+    make(ws.mlp_gate, T, FF);
+    make(ws.mlp_up, T, FF);
+    make(ws.mlp_act, T, FF);
+    if (c.conv_dim() > 0) {
+      make(ws.gdn_mixed, T, c.conv_dim());
+      make(ws.gdn_conv, T, c.conv_dim());
+      make(ws.gdn_z, T, vd);
+      make(ws.gdn_b, T, nv);
+      make(ws.gdn_a, T, nv);
+      make(ws.gdn_beta, T, nv);
+      make(ws.gdn_g, T, nv);
+      make(ws.gdn_core, T, vd);
+      make(ws.gdn_gated, T, vd);
+    }
+    make(ws.attn_qg, T, 2 * q_dim);
+    make(ws.attn_q, T, q_dim);
+    make(ws.attn_gate, T, q_dim);
+    make(ws.attn_k, T, kv_dim);
+    make(ws.attn_v, T, kv_dim);
+    make(ws.attn_out, T, q_dim);
+    ws.hidden.clear();
+    ws.capacity = T;
+  }
+  while (ws.hidden.size() < hidden_count)
+    ws.hidden.push_back(backend_.alloc(DType::F32, ws.capacity, c.hidden_size));
+  if (logit_rows > ws.logit_capacity) {
+    make(ws.logits, logit_rows, c.vocab_size);
+    ws.logit_capacity = logit_rows;
+  }
+}
+
+void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out) {
+  const int64_t T = x.rows;
+  Tensor gate = ws_->mlp_gate->tensor().rows_view(0, T);
+  Tensor up = ws_->mlp_up->tensor().rows_view(0, T);
+  Tensor act = ws_->mlp_act->tensor().rows_view(0, T);
+  backend_.linear(gate, x, layer.mlp_gate);
+  backend_.linear(up, x, layer.mlp_up);
+  backend_.silu_mul(act, gate, up);
+  backend_.linear(out, act, layer.mlp_down);
+}
+
+void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
+                                  const Tensor& out) {
+  const Qwen35Config& c = config_;
+  const int64_t T = x.rows;
+  Workspace& ws = *ws_;
+  auto view = [T](const std::unique_ptr<Buffer>& b) { return b->tensor().rows_view(0, T); };
+  Tensor mixed = view(ws.gdn_mixed), conv = view(ws.gdn_conv), z = view(ws.gdn_z);
+  Tensor b = view(ws.gdn_b), a = view(ws.gdn_a), beta = view(ws.gdn_beta), g = view(ws.gdn_g);
+  Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
+  backend_.linear(mixed, x, layer.in_proj_qkv);
+  backend_.linear(z, x, layer.in_proj_z);
+  backend_.linear(b, x, layer.in_proj_b);
+  backend_.linear(a, x, layer.in_proj_a);
+  backend_.conv1d_silu(conv, mixed, state.conv_state->tensor(), layer.conv_weight);
+  backend_.gdn_gates(beta, g, b, a, layer.a_log, layer.dt_bias);
+  GdnShape shape{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                 c.linear_value_head_dim};
+  backend_.gated_delta_rule(core, conv, beta, g, state.recurrent_state->tensor(), shape);
+  backend_.gated_rmsnorm(gated, core, layer.gdn_norm, z, c.rms_norm_eps);
+  backend_.linear(out, gated, layer.out_proj);
+}
+
+void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
+                                  const Tensor& out) {
+  const Qwen35Config& c = config_;
+  const int64_t T = x.rows;
+  Workspace& ws = *ws_;
+  auto view = [T](const std::unique_ptr<Buffer>& b) { return b->tensor().rows_view(0, T); };
+  Tensor qg = view(ws.attn_qg), q = view(ws.attn_q), gate = view(ws.attn_gate);
+  Tensor k = view(ws.attn_k), v = view(ws.attn_v), o = view(ws.attn_out);
+  Tensor positions = view(ws.positions);
+  backend_.linear(qg, x, layer.q_proj);
+  backend_.linear(k, x, layer.k_proj);
+  backend_.linear(v, x, layer.v_proj);
+  backend_.split_query_gate(q, gate, qg, c.head_dim);
+  backend_.rmsnorm(q, q, layer.q_norm, c.rms_norm_eps, true);
+  backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, true);
+  backend_.rope(q, positions, c.head_dim, c.rotary_dim, c.rope_theta);
+  backend_.rope(k, positions, c.head_dim, c.rotary_dim, c.rope_theta);
+  backend_.kv_store(state.k_cache->tensor(), k, positions);
+  backend_.kv_store(state.v_cache->tensor(), v, positions);
+  AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  backend_.attention(o, q, state.k_cache->tensor(), state.v_cache->tensor(), positions, shape);
+  backend_.sigmoid_mul(o, o, gate);
+  backend_.linear(out, o, layer.o_proj);
+}
+
+ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> tokens,
+                                   const ForwardOptions& options) {
+  const Qwen35Config& c = config_;
+  const int64_t T = int64_t(tokens.size());
+  if (T == 0) fail("forward: no tokens to feed");
+  if (state.n_past + T > state.max_context)
+    fail("forward: {} tokens after {} exceed the context of {} tokens", T, state.n_past, state.max_context);
+  for (int layer : options.hidden_layers)
+    if (layer < 0 || layer >= c.num_layers)
+      fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
+
+  const int64_t logit_rows = !options.logits ? 0 : options.all_logits ? T : 1;
+  ensure_workspace(T, logit_rows, options.hidden_layers.size());
+  Workspace& ws = *ws_;
+
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = int32_t(state.n_past + t);
+  backend_.write(ws.ids->tensor().rows_view(0, T), tokens.data());
+  backend_.write(ws.positions->tensor().rows_view(0, T), positions.data());
+
+  Tensor x = ws.x->tensor().rows_view(0, T);
+  Tensor normed = ws.normed->tensor().rows_view(0, T);
+  Tensor mixer_out = ws.mixer_out->tensor().rows_view(0, T);
+  Tensor mlp_out = ws.mlp_out->tensor().rows_view(0, T);
+  backend_.embed(x, weights_.embed, ws.ids->tensor().rows_view(0, T));
+
+  ForwardOutput output;
+  output.hidden.resize(options.hidden_layers.size());
+  for (int i = 0; i < c.num_layers; ++i) {
+    const Qwen35Layer& layer = weights_.layers[size_t(i)];
+    backend_.rmsnorm(normed, x, layer.input_norm, c.rms_norm_eps, true);
+    if (layer.type == LayerType::LinearAttention)
+      gated_delta_net(layer, state.layers[size_t(i)], normed, mixer_out);
+    else
+      gated_attention(layer, state.layers[size_t(i)], normed, mixer_out);
+    backend_.add(x, x, mixer_out);
+    backend_.rmsnorm(normed, x, layer.post_attention_norm, c.rms_norm_eps, true);
+    mlp(layer, normed, mlp_out);
+    backend_.add(x, x, mlp_out);
+    for (size_t h = 0; h < options.hidden_layers.size(); ++h) {
+      if (options.hidden_layers[h] != i) continue;
+      output.hidden[h] = ws.hidden[h]->tensor().rows_view(0, T);
+      backend_.copy(output.hidden[h], x);
+    }
+  }
+  state.n_past += int(T);
+
+  if (logit_rows > 0) {
+    Tensor rows = x.rows_view(T - logit_rows, logit_rows);
+    Tensor head_in = normed.rows_view(0, logit_rows);
+    backend_.rmsnorm(head_in, rows, weights_.final_norm, c.rms_norm_eps, true);
+    output.logits = ws.logits->tensor().rows_view(0, logit_rows);
+    backend_.linear(output.logits, head_in, weights_.lm_head);
+  }
+  return output;
+}
+
+}  // namespace qspec
