@@ -72,7 +72,18 @@ struct UnaryExpr {
   UnaryOp op;
   ExprPtr operand;
 };
-enum class BinaryOp { kAnd, kOr, kAdd, kSubtract, kMultiply, kDivide, kFloorDivide, kModulo, kPower, kConcat };
+enum class BinaryOp {
+  kAnd,
+  kOr,
+  kAdd,
+  kSubtract,
+  kMultiply,
+  kDivide,
+  kFloorDivide,
+  kModulo,
+  kPower,
+  kConcat
+};
 struct BinaryExpr {
   BinaryOp op;
   ExprPtr left, right;
@@ -153,8 +164,8 @@ struct ContinueStmt {};
 
 struct Stmt {
   SourceLocation where;
-  std::variant<TextStmt, OutputStmt, IfStmt, ForStmt, SetStmt, SetBlockStmt, MacroStmt, FilterBlockStmt, WithStmt,
-               GenerationStmt, BreakStmt, ContinueStmt>
+  std::variant<TextStmt, OutputStmt, IfStmt, ForStmt, SetStmt, SetBlockStmt, MacroStmt, FilterBlockStmt,
+               WithStmt, GenerationStmt, BreakStmt, ContinueStmt>
       node;
 };
 

@@ -19,16 +19,22 @@ namespace {
 using Bound = std::vector<std::optional<Value>>;
 using Filter = Value (*)(const Value& input, CallArguments& args);
 
-Value value_or(const std::optional<Value>& value, Value fallback) { return value ? *value : std::move(fallback); }
+Value value_or(const std::optional<Value>& value, Value fallback) {
+  return value ? *value : std::move(fallback);
+}
 
-bool flag(const std::optional<Value>& value) { return value && value->truthy(); }
+bool flag(const std::optional<Value>& value) {
+  return value && value->truthy();
+}
 
 // jinja2's attribute getter for map/selectattr/sort: "a.b.0" looks up item by item.
 Value lookup_path(const Value& item, const std::string& path) {
   Value current = item;
   for (const std::string& part : python_split(path, std::string("."), -1, false)) {
-    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    current = numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(part)))) : get_item(current, Value(part));
+    bool numeric =
+        !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    current = numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(part))))
+                      : get_item(current, Value(part));
   }
   return current;
 }
@@ -48,7 +54,8 @@ Value sort_key(const Value& item, const std::optional<Value>& attribute, bool ca
 
 CallArguments rest_arguments(const CallArguments& args, size_t skip) {
   CallArguments rest;
-  if (args.positional.size() > skip) rest.positional.assign(args.positional.begin() + static_cast<ptrdiff_t>(skip), args.positional.end());
+  if (args.positional.size() > skip)
+    rest.positional.assign(args.positional.begin() + static_cast<ptrdiff_t>(skip), args.positional.end());
   rest.keyword = args.keyword;
   return rest;
 }
@@ -202,7 +209,8 @@ std::optional<int64_t> parse_python_int(const std::string& text, int64_t base) {
   digits.erase(std::remove(digits.begin(), digits.end(), '_'), digits.end());
   if (digits.empty()) return std::nullopt;
   int64_t result = 0;
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), result, static_cast<int>(base));
+  auto [end, ec] =
+      std::from_chars(digits.data(), digits.data() + digits.size(), result, static_cast<int>(base));
   if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
   return negative ? -result : result;
 }
@@ -227,13 +235,15 @@ Value filter_int(const Value& input, CallArguments& args) {
   Bound b = bind_arguments(args, "int", {"default", "base"});
   input.require_defined();
   if (input.is_string()) {
-    if (auto parsed = parse_python_int(input.as_string(), b[1] ? b[1]->to_integer() : 10)) return Value(*parsed);
+    if (auto parsed = parse_python_int(input.as_string(), b[1] ? b[1]->to_integer() : 10))
+      return Value(*parsed);
   } else if (input.is_int() || input.is_bool()) {
     return Value(input.to_integer());
   }
   if (auto number = as_float(input)) {
     if (!std::isfinite(*number)) throw ValueError("cannot convert float infinity or NaN to integer");
-    if (std::fabs(*number) >= 9.2e18) throw ValueError("integer overflow (values beyond 64 bits are not supported)");
+    if (std::fabs(*number) >= 9.2e18)
+      throw ValueError("integer overflow (values beyond 64 bits are not supported)");
     return Value(static_cast<int64_t>(std::trunc(*number)));
   }
   return value_or(b[0], Value(0));
@@ -307,7 +317,8 @@ Value filter_map(const Value& input, CallArguments& args) {
     }
     return Value::list(std::move(out));
   }
-  if (args.positional.empty() || !args.positional[0].is_string()) throw ValueError("map() needs a filter name or attribute=");
+  if (args.positional.empty() || !args.positional[0].is_string())
+    throw ValueError("map() needs a filter name or attribute=");
   std::string filter = args.positional[0].as_string();
   if (!has_filter(filter)) throw ValueError(fmt::format("No filter named '{}'.", filter));
   for (const Value& item : iterate(input)) {
@@ -345,10 +356,18 @@ Value select_items(const Value& input, CallArguments& args, bool by_attribute, b
   return Value::list(std::move(out));
 }
 
-Value filter_select(const Value& input, CallArguments& args) { return select_items(input, args, false, true); }
-Value filter_reject(const Value& input, CallArguments& args) { return select_items(input, args, false, false); }
-Value filter_selectattr(const Value& input, CallArguments& args) { return select_items(input, args, true, true); }
-Value filter_rejectattr(const Value& input, CallArguments& args) { return select_items(input, args, true, false); }
+Value filter_select(const Value& input, CallArguments& args) {
+  return select_items(input, args, false, true);
+}
+Value filter_reject(const Value& input, CallArguments& args) {
+  return select_items(input, args, false, false);
+}
+Value filter_selectattr(const Value& input, CallArguments& args) {
+  return select_items(input, args, true, true);
+}
+Value filter_rejectattr(const Value& input, CallArguments& args) {
+  return select_items(input, args, true, false);
+}
 
 Value filter_unique(const Value& input, CallArguments& args) {
   Bound b = bind_arguments(args, "unique", {"case_sensitive", "attribute"});
@@ -385,7 +404,9 @@ Value filter_dictsort(const Value& input, CallArguments& args) {
   auto entries = input.as_dict().entries;
   bool case_sensitive = flag(b[0]);
   bool reverse = flag(b[2]);
-  auto key = [&](const std::pair<Value, Value>& entry) { return sort_key(by_value ? entry.second : entry.first, std::nullopt, case_sensitive); };
+  auto key = [&](const std::pair<Value, Value>& entry) {
+    return sort_key(by_value ? entry.second : entry.first, std::nullopt, case_sensitive);
+  };
   std::stable_sort(entries.begin(), entries.end(), [&](const auto& x, const auto& y) {
     return reverse ? compare(key(y), key(x), "<") < 0 : compare(key(x), key(y), "<") < 0;
   });
@@ -407,14 +428,19 @@ Value extreme(const Value& input, CallArguments& args, bool want_max) {
   return best->second;
 }
 
-Value filter_max(const Value& input, CallArguments& args) { return extreme(input, args, true); }
-Value filter_min(const Value& input, CallArguments& args) { return extreme(input, args, false); }
+Value filter_max(const Value& input, CallArguments& args) {
+  return extreme(input, args, true);
+}
+Value filter_min(const Value& input, CallArguments& args) {
+  return extreme(input, args, false);
+}
 
 Value filter_sum(const Value& input, CallArguments& args) {
   Bound b = bind_arguments(args, "sum", {"attribute", "start"});
   Value total = value_or(b[1], Value(0));
   for (const Value& item : iterate(input)) {
-    total = binary_operation(BinaryOp::kAdd, total, b[0] && !b[0]->is_none() ? lookup_path(item, attribute_path(b[0])) : item);
+    total = binary_operation(BinaryOp::kAdd, total,
+                             b[0] && !b[0]->is_none() ? lookup_path(item, attribute_path(b[0])) : item);
   }
   return total;
 }
@@ -433,9 +459,13 @@ Value filter_reverse(const Value& input, CallArguments& args) {
 
 Value filter_indent(const Value& input, CallArguments& args) {
   Bound b = bind_arguments(args, "indent", {"width", "first", "blank"});
-  if (!input.require_defined().is_string()) throw ValueError(fmt::format("indent expects a string, not {}", input.type_name()));
+  if (!input.require_defined().is_string())
+    throw ValueError(fmt::format("indent expects a string, not {}", input.type_name()));
   std::string indentation = "    ";
-  if (b[0]) indentation = b[0]->is_string() ? b[0]->as_string() : std::string(static_cast<size_t>(std::max<int64_t>(0, b[0]->to_integer())), ' ');
+  if (b[0])
+    indentation = b[0]->is_string()
+                      ? b[0]->as_string()
+                      : std::string(static_cast<size_t>(std::max<int64_t>(0, b[0]->to_integer())), ' ');
   std::vector<std::string> lines = python_splitlines(input.as_string() + "\n", false);
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -455,7 +485,8 @@ Value filter_center(const Value& input, CallArguments& args) {
   if (width <= size) return Value(text);
   int64_t padding = width - size;
   int64_t left = padding / 2 + (padding & width & 1);
-  return Value(std::string(static_cast<size_t>(left), ' ') + text + std::string(static_cast<size_t>(padding - left), ' '));
+  return Value(std::string(static_cast<size_t>(left), ' ') + text +
+               std::string(static_cast<size_t>(padding - left), ' '));
 }
 
 Value filter_wordcount(const Value& input, CallArguments& args) {
@@ -478,26 +509,53 @@ Value filter_attr(const Value& input, CallArguments& args) {
 
 const std::map<std::string_view, Filter>& filters() {
   static const std::map<std::string_view, Filter> table = {
-      {"abs", filter_abs},           {"attr", filter_attr},         {"capitalize", filter_capitalize},
-      {"center", filter_center},     {"count", filter_length},      {"d", filter_default},
-      {"default", filter_default},   {"dictsort", filter_dictsort}, {"first", filter_first},
-      {"float", filter_float},       {"indent", filter_indent},     {"int", filter_int},
-      {"items", filter_items},       {"join", filter_join},         {"last", filter_last},
-      {"length", filter_length},     {"list", filter_list},         {"lower", filter_lower},
-      {"map", filter_map},           {"max", filter_max},           {"min", filter_min},
-      {"reject", filter_reject},     {"rejectattr", filter_rejectattr}, {"replace", filter_replace},
-      {"reverse", filter_reverse},   {"round", filter_round},       {"safe", filter_safe},
-      {"select", filter_select},     {"selectattr", filter_selectattr}, {"sort", filter_sort},
-      {"string", filter_string},     {"sum", filter_sum},           {"title", filter_title},
-      {"tojson", filter_tojson},     {"trim", filter_trim},         {"unique", filter_unique},
-      {"upper", filter_upper},       {"wordcount", filter_wordcount},
+      {"abs", filter_abs},
+      {"attr", filter_attr},
+      {"capitalize", filter_capitalize},
+      {"center", filter_center},
+      {"count", filter_length},
+      {"d", filter_default},
+      {"default", filter_default},
+      {"dictsort", filter_dictsort},
+      {"first", filter_first},
+      {"float", filter_float},
+      {"indent", filter_indent},
+      {"int", filter_int},
+      {"items", filter_items},
+      {"join", filter_join},
+      {"last", filter_last},
+      {"length", filter_length},
+      {"list", filter_list},
+      {"lower", filter_lower},
+      {"map", filter_map},
+      {"max", filter_max},
+      {"min", filter_min},
+      {"reject", filter_reject},
+      {"rejectattr", filter_rejectattr},
+      {"replace", filter_replace},
+      {"reverse", filter_reverse},
+      {"round", filter_round},
+      {"safe", filter_safe},
+      {"select", filter_select},
+      {"selectattr", filter_selectattr},
+      {"sort", filter_sort},
+      {"string", filter_string},
+      {"sum", filter_sum},
+      {"title", filter_title},
+      {"tojson", filter_tojson},
+      {"trim", filter_trim},
+      {"unique", filter_unique},
+      {"upper", filter_upper},
+      {"wordcount", filter_wordcount},
   };
   return table;
 }
 
 }  // namespace
 
-bool has_filter(std::string_view name) { return filters().count(name) > 0; }
+bool has_filter(std::string_view name) {
+  return filters().count(name) > 0;
+}
 
 Value apply_filter(std::string_view name, const Value& input, CallArguments& args) {
   auto found = filters().find(name);

@@ -19,15 +19,18 @@ constexpr int64_t kMaxRange = 100000;
 Value range(CallArguments& args) {
   if (!args.keyword.empty()) throw ValueError("range() takes no keyword arguments");
   const auto& p = args.positional;
-  if (p.empty() || p.size() > 3) throw ValueError(fmt::format("range expected 1 to 3 arguments, got {}", p.size()));
+  if (p.empty() || p.size() > 3)
+    throw ValueError(fmt::format("range expected 1 to 3 arguments, got {}", p.size()));
   int64_t start = p.size() == 1 ? 0 : p[0].to_integer();
   int64_t stop = p.size() == 1 ? p[0].to_integer() : p[1].to_integer();
   int64_t step = p.size() == 3 ? p[2].to_integer() : 1;
   if (step == 0) throw ValueError("range() arg 3 must not be zero");
   // Count in double so that extreme bounds cannot overflow.
-  double count = std::max(0.0, std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step)));
+  double count = std::max(
+      0.0, std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step)));
   if (count > static_cast<double>(kMaxRange)) {
-    throw ValueError(fmt::format("Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
+    throw ValueError(
+        fmt::format("Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
   }
   std::vector<Value> items;
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) items.emplace_back(i);
@@ -37,7 +40,8 @@ Value range(CallArguments& args) {
 // The key/value pairs of dict(*args, **kwargs).
 std::vector<std::pair<Value, Value>> mapping_arguments(const CallArguments& args, std::string_view callee) {
   if (args.positional.size() > 1) {
-    throw ValueError(fmt::format("{} expected at most 1 positional argument, got {}", callee, args.positional.size()));
+    throw ValueError(
+        fmt::format("{} expected at most 1 positional argument, got {}", callee, args.positional.size()));
   }
   std::vector<std::pair<Value, Value>> entries;
   if (!args.positional.empty()) {
@@ -47,7 +51,9 @@ std::vector<std::pair<Value, Value>> mapping_arguments(const CallArguments& args
     } else {
       for (const Value& pair : iterate(source)) {
         std::vector<Value> parts = iterate(pair);
-        if (parts.size() != 2) throw ValueError(fmt::format("{} sequence element has length {}; 2 is required", callee, parts.size()));
+        if (parts.size() != 2)
+          throw ValueError(
+              fmt::format("{} sequence element has length {}; 2 is required", callee, parts.size()));
         entries.emplace_back(parts[0], parts[1]);
       }
     }
@@ -59,8 +65,10 @@ std::vector<std::pair<Value, Value>> mapping_arguments(const CallArguments& args
 Value make_namespace(CallArguments& args) {
   auto ns = std::make_shared<Namespace>();
   for (auto& [key, value] : mapping_arguments(args, "namespace()")) {
-    if (!key.is_string()) throw ValueError(fmt::format("namespace() keys must be strings, not {}", key.type_name()));
-    if (value.holds_reference()) throw ValueError("a namespace attribute cannot hold a namespace or a function");
+    if (!key.is_string())
+      throw ValueError(fmt::format("namespace() keys must be strings, not {}", key.type_name()));
+    if (value.holds_reference())
+      throw ValueError("a namespace attribute cannot hold a namespace or a function");
     ns->set(key.as_string(), std::move(value));
   }
   return Value(std::move(ns));
@@ -82,7 +90,9 @@ Value strftime_now(CallArguments& args) {
 const Value* find_global(std::string_view name) {
   static const std::map<std::string_view, Value> globals = {
       {"range", make_function("range", range)},
-      {"dict", make_function("dict", [](CallArguments& args) { return Value::dict(mapping_arguments(args, "dict()")); })},
+      {"dict",
+       make_function("dict",
+                     [](CallArguments& args) { return Value::dict(mapping_arguments(args, "dict()")); })},
       {"namespace", make_function("namespace", make_namespace)},
       {"raise_exception", make_function("raise_exception",
                                         [](CallArguments& args) -> Value {

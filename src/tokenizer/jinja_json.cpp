@@ -12,7 +12,8 @@ namespace qspec::jinja {
 namespace {
 
 Value from_json_at(const nlohmann::ordered_json& json, int depth) {
-  if (depth > kMaxValueDepth) throw ValueError(fmt::format("JSON nested deeper than {} levels", kMaxValueDepth));
+  if (depth > kMaxValueDepth)
+    throw ValueError(fmt::format("JSON nested deeper than {} levels", kMaxValueDepth));
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value(None{});
@@ -22,7 +23,8 @@ Value from_json_at(const nlohmann::ordered_json& json, int depth) {
       return Value(json.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       auto number = json.get<uint64_t>();
-      if (number > static_cast<uint64_t>(INT64_MAX)) throw ValueError(fmt::format("integer {} is too large", number));
+      if (number > static_cast<uint64_t>(INT64_MAX))
+        throw ValueError(fmt::format("integer {} is too large", number));
       return Value(static_cast<int64_t>(number));
     }
     case nlohmann::ordered_json::value_t::number_float:
@@ -38,7 +40,8 @@ Value from_json_at(const nlohmann::ordered_json& json, int depth) {
     case nlohmann::ordered_json::value_t::object: {
       std::vector<std::pair<Value, Value>> entries;
       entries.reserve(json.size());
-      for (const auto& [key, item] : json.items()) entries.emplace_back(Value(key), from_json_at(item, depth + 1));
+      for (const auto& [key, item] : json.items())
+        entries.emplace_back(Value(key), from_json_at(item, depth + 1));
       return Value::dict(std::move(entries));
     }
     default:
@@ -108,8 +111,7 @@ std::string key_string(const Value& key) {
     case Value::Kind::kNone:
       return "null";
     default:
-      throw ValueError(
-          fmt::format("keys must be str, int, float, bool or None, not {}", key.type_name()));
+      throw ValueError(fmt::format("keys must be str, int, float, bool or None, not {}", key.type_name()));
   }
 }
 
@@ -198,7 +200,9 @@ class JsonWriter {
 
 }  // namespace
 
-Value from_json(const nlohmann::ordered_json& json) { return from_json_at(json, 1); }
+Value from_json(const nlohmann::ordered_json& json) {
+  return from_json_at(json, 1);
+}
 
 std::string dump_json(const Value& value, const JsonDumpOptions& options) {
   JsonWriter writer(options);

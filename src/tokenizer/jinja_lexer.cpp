@@ -14,10 +14,18 @@ namespace qspec::jinja {
 
 namespace {
 
-bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
+bool is_ascii_space(char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r');
+}
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+bool is_name_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool is_name_char(char c) {
+  return is_name_start(c) || is_digit(c);
+}
 
 // jinja2 treats \r\n, \r and \n alike and drops one trailing newline (keep_trailing_newline=False).
 std::string normalize_newlines(std::string_view source) {
@@ -71,7 +79,8 @@ class Lexer {
  private:
   size_t find_tag_start(size_t from) const {
     for (size_t i = source_.find('{', from); i != std::string::npos; i = source_.find('{', i + 1)) {
-      if (i + 1 < source_.size() && (source_[i + 1] == '{' || source_[i + 1] == '%' || source_[i + 1] == '#')) {
+      if (i + 1 < source_.size() &&
+          (source_[i + 1] == '{' || source_[i + 1] == '%' || source_[i + 1] == '#')) {
         return i;
       }
     }
@@ -102,7 +111,8 @@ class Lexer {
   void lex_tag(size_t tag) {
     char kind = source_[tag + 1];
     size_t after = tag + 2;
-    char sign = after < source_.size() && (source_[after] == '-' || source_[after] == '+') ? source_[after] : 0;
+    char sign =
+        after < source_.size() && (source_[after] == '-' || source_[after] == '+') ? source_[after] : 0;
     std::string text = source_.substr(pos_, tag - pos_);
     emit_text_before_tag(std::move(text), sign, kind != '{', pos_);
     if (sign != 0) ++after;
@@ -170,7 +180,8 @@ class Lexer {
   void lex_raw(size_t tag, size_t body) {
     for (size_t at = source_.find("{%", body); at != std::string::npos; at = source_.find("{%", at + 2)) {
       size_t inner = at + 2;
-      char sign = inner < source_.size() && (source_[inner] == '-' || source_[inner] == '+') ? source_[inner] : 0;
+      char sign =
+          inner < source_.size() && (source_[inner] == '-' || source_[inner] == '+') ? source_[inner] : 0;
       if (sign != 0) ++inner;
       inner = skip_space(inner);
       if (!starts_with(inner, "endraw")) continue;
@@ -188,7 +199,8 @@ class Lexer {
   void lex_comment(size_t tag, size_t body) {
     size_t close = source_.find("#}", body);
     if (close == std::string::npos) error(tag, "unclosed comment: '{#' has no matching '#}'");
-    char sign = close > body && (source_[close - 1] == '-' || source_[close - 1] == '+') ? source_[close - 1] : 0;
+    char sign =
+        close > body && (source_[close - 1] == '-' || source_[close - 1] == '+') ? source_[close - 1] : 0;
     size_t end = close + 2;
     if (sign == '-') {
       end = skip_space(end);
@@ -286,9 +298,8 @@ class Lexer {
 
   size_t scan_digits(size_t at) const {
     while (at < source_.size() &&
-           (is_digit(source_[at]) ||
-            (source_[at] == '_' && at + 1 < source_.size() && is_digit(source_[at + 1]) && at > 0 &&
-             is_digit(source_[at - 1])))) {
+           (is_digit(source_[at]) || (source_[at] == '_' && at + 1 < source_.size() &&
+                                      is_digit(source_[at + 1]) && at > 0 && is_digit(source_[at - 1])))) {
       ++at;
     }
     return at;
@@ -333,7 +344,8 @@ class Lexer {
   size_t lex_prefixed_integer(size_t start, int base) {
     size_t end = start + 2;
     std::string digits;
-    while (end < source_.size() && (std::isxdigit(static_cast<unsigned char>(source_[end])) || source_[end] == '_')) {
+    while (end < source_.size() &&
+           (std::isxdigit(static_cast<unsigned char>(source_[end])) || source_[end] == '_')) {
       if (source_[end] != '_') digits += source_[end];
       ++end;
     }
@@ -423,8 +435,8 @@ class Lexer {
   size_t unescape_hex(size_t at, size_t digits, std::string& value) const {
     size_t begin = at + 2;
     uint32_t code = 0;
-    auto [ptr, ec] = std::from_chars(source_.data() + begin, source_.data() + std::min(begin + digits, source_.size()),
-                                     code, 16);
+    auto [ptr, ec] = std::from_chars(source_.data() + begin,
+                                     source_.data() + std::min(begin + digits, source_.size()), code, 16);
     if (ec != std::errc() || ptr != source_.data() + begin + digits || code > 0x10ffff) {
       error(at, fmt::format("invalid \\{} escape in string literal", source_[at + 1]));
     }

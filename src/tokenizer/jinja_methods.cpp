@@ -1,5 +1,5 @@
-// Attribute and item access as jinja2's ImmutableSandboxedEnvironment does it, including the Python methods of
-// str, dict and list that templates call (mutating methods are refused like the sandbox refuses them).
+// Attribute and item access as jinja2's ImmutableSandboxedEnvironment does it, including the Python methods
+// of str, dict and list that templates call (mutating methods are refused like the sandbox refuses them).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -39,7 +39,8 @@ const std::string& string_argument(const std::optional<Value>& value, std::strin
 
 std::optional<std::string> optional_string(const std::optional<Value>& value, std::string_view method) {
   if (!value || value->is_none()) return std::nullopt;
-  if (!value->is_string()) throw ValueError(fmt::format("{}() argument must be str or None, not {}", method, value->type_name()));
+  if (!value->is_string())
+    throw ValueError(fmt::format("{}() argument must be str or None, not {}", method, value->type_name()));
   return value->as_string();
 }
 
@@ -51,7 +52,8 @@ int64_t optional_integer(const std::optional<Value>& value, int64_t fallback) {
 bool affix_matches(const std::string& text, const Value& affix, bool at_start, std::string_view method) {
   auto matches = [&](const Value& candidate) {
     if (!candidate.is_string()) {
-      throw ValueError(fmt::format("{} first arg must be str or a tuple of str, not {}", method, candidate.type_name()));
+      throw ValueError(
+          fmt::format("{} first arg must be str or a tuple of str, not {}", method, candidate.type_name()));
     }
     const std::string& piece = candidate.as_string();
     if (piece.size() > text.size()) return false;
@@ -92,7 +94,8 @@ std::string join_strings(const std::string& separator, const Value& iterable) {
   size_t index = 0;
   for (const Value& item : iterate(iterable)) {
     if (!item.is_string()) {
-      throw ValueError(fmt::format("sequence item {}: expected str instance, {} found", index, item.type_name()));
+      throw ValueError(
+          fmt::format("sequence item {}: expected str instance, {} found", index, item.type_name()));
     }
     if (index++ > 0) out += separator;
     out += item.as_string();
@@ -129,11 +132,14 @@ std::string format_string(const std::string& pattern, const CallArguments& args)
       use_repr = field.substr(bang + 1) == "r";
       field.resize(bang);
     }
-    if (field.find(':') != std::string::npos) throw ValueError("format specs in str.format() are not supported");
+    if (field.find(':') != std::string::npos)
+      throw ValueError("format specs in str.format() are not supported");
     const Value* value = nullptr;
-    if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+    if (field.empty() ||
+        std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
       size_t index = field.empty() ? next_auto++ : std::stoul(field);
-      if (index >= args.positional.size()) throw ValueError(fmt::format("Replacement index {} out of range", index));
+      if (index >= args.positional.size())
+        throw ValueError(fmt::format("Replacement index {} out of range", index));
       value = &args.positional[index];
     } else {
       for (const auto& [name, keyword_value] : args.keyword) {
@@ -155,11 +161,13 @@ Value string_method(const std::string& text, std::string_view name, CallArgument
   }
   if (name == "split" || name == "rsplit") {
     auto bound = bind({"sep", "maxsplit"});
-    return string_list(python_split(text, optional_string(bound[0], name), optional_integer(bound[1], -1), name == "rsplit"));
+    return string_list(python_split(text, optional_string(bound[0], name), optional_integer(bound[1], -1),
+                                    name == "rsplit"));
   }
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     auto bound = bind({"chars"});
-    StripSide side = name == "strip" ? StripSide::kBoth : (name == "lstrip" ? StripSide::kLeft : StripSide::kRight);
+    StripSide side =
+        name == "strip" ? StripSide::kBoth : (name == "lstrip" ? StripSide::kLeft : StripSide::kRight);
     return Value(python_strip(text, optional_string(bound[0], name), side));
   }
   if (name == "splitlines") {
@@ -168,8 +176,8 @@ Value string_method(const std::string& text, std::string_view name, CallArgument
   }
   if (name == "replace") {
     auto bound = bind({"old", "new", "count"});
-    return Value(python_replace(text, string_argument(bound[0], name, "old"), string_argument(bound[1], name, "new"),
-                                optional_integer(bound[2], -1)));
+    return Value(python_replace(text, string_argument(bound[0], name, "old"),
+                                string_argument(bound[1], name, "new"), optional_integer(bound[2], -1)));
   }
   if (name == "find" || name == "rfind" || name == "count" || name == "index" || name == "rindex") {
     auto bound = bind({"sub"});
@@ -202,14 +210,15 @@ Value string_method(const std::string& text, std::string_view name, CallArgument
 }
 
 constexpr std::string_view kStringMethods[] = {
-    "startswith", "endswith", "split",   "rsplit",  "strip",     "lstrip",  "rstrip",  "splitlines",
-    "replace",    "find",     "rfind",   "count",   "index",     "rindex",  "join",    "format",
-    "upper",      "lower",    "casefold", "title",  "capitalize", "isdigit", "isdecimal", "isnumeric",
-    "isalpha",    "isalnum",  "isspace", "isupper", "islower"};
+    "startswith", "endswith", "split",    "rsplit",  "strip",      "lstrip",  "rstrip",    "splitlines",
+    "replace",    "find",     "rfind",    "count",   "index",      "rindex",  "join",      "format",
+    "upper",      "lower",    "casefold", "title",   "capitalize", "isdigit", "isdecimal", "isnumeric",
+    "isalpha",    "isalnum",  "isspace",  "isupper", "islower"};
 constexpr std::string_view kDictMethods[] = {"items", "keys", "values", "get"};
 constexpr std::string_view kUnsafeDictMethods[] = {"pop", "popitem", "setdefault", "update", "clear"};
 constexpr std::string_view kListMethods[] = {"count", "index"};
-constexpr std::string_view kUnsafeListMethods[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear"};
+constexpr std::string_view kUnsafeListMethods[] = {"append", "extend",  "insert", "pop",
+                                                   "remove", "reverse", "sort",   "clear"};
 
 template <size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view name) {
@@ -240,14 +249,16 @@ Value list_method(const List& list, std::string_view name, CallArguments& args) 
   auto bound = bind_arguments(args, name, {"value"});
   if (!bound[0]) throw ValueError(fmt::format("{}() takes exactly one argument (0 given)", name));
   auto matches = [&](const Value& item) { return equals(item, *bound[0]); };
-  if (name == "count") return Value(static_cast<int64_t>(std::count_if(list.items.begin(), list.items.end(), matches)));
+  if (name == "count")
+    return Value(static_cast<int64_t>(std::count_if(list.items.begin(), list.items.end(), matches)));
   auto found = std::find_if(list.items.begin(), list.items.end(), matches);
   if (found == list.items.end()) throw ValueError(fmt::format("{} is not in list", bound[0]->repr()));
   return Value(static_cast<int64_t>(found - list.items.begin()));
 }
 
 Value unsafe(const Value& object, std::string_view name) {
-  return Value::undefined(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, object.type_name()));
+  return Value::undefined(
+      fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, object.type_name()));
 }
 
 // Python slice index normalisation (PySlice_AdjustIndices).
@@ -271,7 +282,8 @@ std::vector<size_t> slice_indices(size_t size, const Value& start_value, const V
   int64_t start = adjust(integer_or_none(start_value), step > 0 ? lower : upper);
   int64_t stop = adjust(integer_or_none(stop_value), step > 0 ? upper : lower);
   std::vector<size_t> indices;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) indices.push_back(static_cast<size_t>(i));
+  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+    indices.push_back(static_cast<size_t>(i));
   return indices;
 }
 

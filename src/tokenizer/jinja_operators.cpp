@@ -13,14 +13,30 @@ namespace {
                                left.type_name(), right.type_name()));
 }
 
-int64_t checked(bool overflowed, int64_t result) {
-  if (overflowed) throw ValueError("integer overflow (values beyond 64 bits are not supported)");
+[[noreturn]] void overflow() { throw ValueError("integer overflow (values beyond 64 bits are not supported)"); }
+
+int64_t add(int64_t a, int64_t b) {
+  int64_t result = 0;
+  if (__builtin_add_overflow(a, b, &result)) overflow();
+  return result;
+}
+
+int64_t subtract(int64_t a, int64_t b) {
+  int64_t result = 0;
+  if (__builtin_sub_overflow(a, b, &result)) overflow();
+  return result;
+}
+
+int64_t multiply(int64_t a, int64_t b) {
+  int64_t result = 0;
+  if (__builtin_mul_overflow(a, b, &result)) overflow();
   return result;
 }
 
 int64_t floor_divide(int64_t a, int64_t b) {
   if (b == 0) throw ValueError("integer division or modulo by zero");
-  if (a == INT64_MIN && b == -1) throw ValueError("integer overflow (values beyond 64 bits are not supported)");
+  if (a == INT64_MIN && b == -1)
+    throw ValueError("integer overflow (values beyond 64 bits are not supported)");
   int64_t quotient = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --quotient;
   return quotient;
@@ -44,9 +60,9 @@ double float_modulo(double a, double b) {
 int64_t integer_power(int64_t base, int64_t exponent) {
   int64_t result = 1;
   while (exponent > 0) {
-    if (exponent & 1) result = checked(__builtin_mul_overflow(result, base, &result), result);
+    if (exponent & 1) result = multiply(result, base);
     exponent >>= 1;
-    if (exponent > 0) base = checked(__builtin_mul_overflow(base, base, &base), base);
+    if (exponent > 0) base = multiply(base, base);
   }
   return result;
 }
@@ -73,20 +89,21 @@ Value repeat(const Value& sequence, int64_t times) {
   return list.is_tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
 }
 
-bool is_integral(const Value& value) { return value.is_int() || value.is_bool(); }
+bool is_integral(const Value& value) {
+  return value.is_int() || value.is_bool();
+}
 
 Value numeric(BinaryOp op, const Value& left, const Value& right) {
   if (is_integral(left) && is_integral(right)) {
     int64_t a = left.to_integer();
     int64_t b = right.to_integer();
-    int64_t result = 0;
     switch (op) {
       case BinaryOp::kAdd:
-        return Value(checked(__builtin_add_overflow(a, b, &result), result));
+        return Value(add(a, b));
       case BinaryOp::kSubtract:
-        return Value(checked(__builtin_sub_overflow(a, b, &result), result));
+        return Value(subtract(a, b));
       case BinaryOp::kMultiply:
-        return Value(checked(__builtin_mul_overflow(a, b, &result), result));
+        return Value(multiply(a, b));
       case BinaryOp::kDivide:
         if (b == 0) throw ValueError("division by zero");
         return Value(static_cast<double>(a) / static_cast<double>(b));
@@ -186,8 +203,7 @@ Value unary_operation(UnaryOp op, const Value& operand) {
   if (is_integral(operand)) {
     int64_t value = operand.to_integer();
     if (op == UnaryOp::kPlus) return Value(value);
-    if (value == INT64_MIN) throw ValueError("integer overflow (values beyond 64 bits are not supported)");
-    return Value(-value);
+    return Value(subtract(0, value));
   }
   if (operand.is_float()) return Value(op == UnaryOp::kPlus ? operand.as_float() : -operand.as_float());
   throw ValueError(fmt::format("bad operand type for unary {}: '{}'", op == UnaryOp::kPlus ? "+" : "-",

@@ -95,10 +95,12 @@ class Parser {
   }
 
   void expect_operator(std::string_view op, std::string_view context) {
-    if (!skip_operator(op)) error(peek(), fmt::format("expected '{}' {}, found {}", op, context, describe(peek())));
+    if (!skip_operator(op))
+      error(peek(), fmt::format("expected '{}' {}, found {}", op, context, describe(peek())));
   }
   std::string expect_name(std::string_view context) {
-    if (peek().type != TokenType::kName) error(peek(), fmt::format("expected a name {}, found {}", context, describe(peek())));
+    if (peek().type != TokenType::kName)
+      error(peek(), fmt::format("expected a name {}, found {}", context, describe(peek())));
     return next().text;
   }
   void expect_block_end(std::string_view tag) {
@@ -134,7 +136,8 @@ class Parser {
         case TokenType::kBlockBegin: {
           const Token& keyword = peek(1);
           if (keyword.type != TokenType::kName) error(keyword, "expected a tag name after '{%'");
-          if (open != nullptr && std::find(open->end_tags.begin(), open->end_tags.end(), keyword.text) != open->end_tags.end()) {
+          if (open != nullptr &&
+              std::find(open->end_tags.begin(), open->end_tags.end(), keyword.text) != open->end_tags.end()) {
             next();
             return body;
           }
@@ -144,9 +147,10 @@ class Parser {
         }
         case TokenType::kEnd:
           if (open != nullptr) {
-            error(token, fmt::format("unclosed '{{% {} %}}' opened at line {}, column {}: the template ends before "
-                                     "'{{% {} %}}'",
-                                     open->tag, open->where.line, open->where.column, open->end_tags.back()));
+            error(token,
+                  fmt::format("unclosed '{{% {} %}}' opened at line {}, column {}: the template ends before "
+                              "'{{% {} %}}'",
+                              open->tag, open->where.line, open->where.column, open->end_tags.back()));
           }
           return body;
         default:
@@ -167,15 +171,16 @@ class Parser {
     if (tag == "with") return parse_with();
     if (tag == "generation") return parse_generation();
     if (tag == "break" || tag == "continue") return parse_loop_control();
-    static constexpr std::string_view kUnsupported[] = {"call", "include", "import", "from", "extends", "block",
-                                                        "do", "autoescape", "trans"};
+    static constexpr std::string_view kUnsupported[] = {"call",  "include", "import",     "from", "extends",
+                                                        "block", "do",      "autoescape", "trans"};
     if (std::find(std::begin(kUnsupported), std::end(kUnsupported), tag) != std::end(kUnsupported)) {
       error(keyword, fmt::format("the '{{% {} %}}' tag is not supported", tag));
     }
     if (open != nullptr) {
-      error(keyword, fmt::format("unexpected '{{% {} %}}': the innermost open block is '{{% {} %}}' at line {}, "
-                                 "column {}, which ends with '{{% {} %}}'",
-                                 tag, open->tag, open->where.line, open->where.column, open->end_tags.back()));
+      error(keyword,
+            fmt::format("unexpected '{{% {} %}}': the innermost open block is '{{% {} %}}' at line {}, "
+                        "column {}, which ends with '{{% {} %}}'",
+                        tag, open->tag, open->where.line, open->where.column, open->end_tags.back()));
     }
     if (tag.rfind("end", 0) == 0 || tag == "else" || tag == "elif") {
       error(keyword, fmt::format("unexpected '{{% {} %}}' with no open block", tag));
@@ -219,7 +224,8 @@ class Parser {
     SourceLocation where = next().where;
     ForStmt node;
     node.targets = parse_target_names("as the loop variable of '{% for %}'");
-    if (!skip_name("in")) error(peek(), fmt::format("expected 'in' in '{{% for %}}', found {}", describe(peek())));
+    if (!skip_name("in"))
+      error(peek(), fmt::format("expected 'in' in '{{% for %}}', found {}", describe(peek())));
     node.iterable = parse_tuple(false);
     if (skip_name("if")) node.filter = parse_expression(true);
     if (at_name("recursive")) error(peek(), "recursive for-loops are not supported");
@@ -367,9 +373,7 @@ class Parser {
     return make_expr(where, std::move(tuple));
   }
 
-  ExprPtr parse_expression(bool with_condition) {
-    return with_condition ? parse_conditional() : parse_or();
-  }
+  ExprPtr parse_expression(bool with_condition) { return with_condition ? parse_conditional() : parse_or(); }
 
   ExprPtr parse_conditional() {
     ExprPtr value = parse_or();
@@ -496,9 +500,12 @@ class Parser {
     switch (token.type) {
       case TokenType::kName: {
         next();
-        if (token.text == "true" || token.text == "True") return make_expr(token.where, LiteralExpr{Value(true)});
-        if (token.text == "false" || token.text == "False") return make_expr(token.where, LiteralExpr{Value(false)});
-        if (token.text == "none" || token.text == "None") return make_expr(token.where, LiteralExpr{Value(None{})});
+        if (token.text == "true" || token.text == "True")
+          return make_expr(token.where, LiteralExpr{Value(true)});
+        if (token.text == "false" || token.text == "False")
+          return make_expr(token.where, LiteralExpr{Value(false)});
+        if (token.text == "none" || token.text == "None")
+          return make_expr(token.where, LiteralExpr{Value(None{})});
         return make_expr(token.where, NameExpr{token.text});
       }
       case TokenType::kString: {
@@ -597,7 +604,8 @@ class Parser {
         arguments.star_kwargs = parse_expression(true);
       } else if (skip_operator("*")) {
         arguments.star_args = parse_expression(true);
-      } else if (peek().type == TokenType::kName && peek(1).type == TokenType::kOperator && peek(1).text == "=") {
+      } else if (peek().type == TokenType::kName && peek(1).type == TokenType::kOperator &&
+                 peek(1).text == "=") {
         std::string name = next().text;
         next();
         arguments.keyword.push_back(KeywordArgument{std::move(name), parse_expression(true)});
@@ -631,8 +639,8 @@ class Parser {
     if (!has_test(name)) error(token, fmt::format("unknown test '{}'", name));
     Arguments arguments;
     const Token& next_token = peek();
-    bool bare_argument = (next_token.type == TokenType::kName && next_token.text != "else" && next_token.text != "or" &&
-                          next_token.text != "and" && next_token.text != "is") ||
+    bool bare_argument = (next_token.type == TokenType::kName && next_token.text != "else" &&
+                          next_token.text != "or" && next_token.text != "and" && next_token.text != "is") ||
                          next_token.type == TokenType::kString || next_token.type == TokenType::kInteger ||
                          next_token.type == TokenType::kFloat || at_operator("[") || at_operator("{");
     if (at_operator("(")) {

@@ -51,12 +51,15 @@ std::string describe(const Expr& expr) {
     std::string operator()(const NameExpr& node) const { return fmt::format("'{}'", node.name); }
     std::string operator()(const ListExpr& node) const { return node.is_tuple ? "tuple" : "list"; }
     std::string operator()(const DictExpr&) const { return "dict literal"; }
-    std::string operator()(const AttributeExpr& node) const { return fmt::format("attribute '.{}'", node.name); }
+    std::string operator()(const AttributeExpr& node) const {
+      return fmt::format("attribute '.{}'", node.name);
+    }
     std::string operator()(const SubscriptExpr&) const { return "subscript"; }
     std::string operator()(const SliceExpr&) const { return "slice"; }
     std::string operator()(const CallExpr& node) const {
       if (const auto* name = std::get_if<NameExpr>(&node.callee->node)) return name->name + "()";
-      if (const auto* attribute = std::get_if<AttributeExpr>(&node.callee->node)) return "." + attribute->name + "()";
+      if (const auto* attribute = std::get_if<AttributeExpr>(&node.callee->node))
+        return "." + attribute->name + "()";
       return "call";
     }
     std::string operator()(const FilterExpr& node) const { return fmt::format("filter '{}'", node.name); }
@@ -64,7 +67,9 @@ std::string describe(const Expr& expr) {
     std::string operator()(const UnaryExpr& node) const {
       return node.op == UnaryOp::kNot ? "'not'" : (node.op == UnaryOp::kNegate ? "unary '-'" : "unary '+'");
     }
-    std::string operator()(const BinaryExpr& node) const { return fmt::format("'{}' operator", operator_symbol(node.op)); }
+    std::string operator()(const BinaryExpr& node) const {
+      return fmt::format("'{}' operator", operator_symbol(node.op));
+    }
     std::string operator()(const CompareExpr&) const { return "comparison"; }
     std::string operator()(const ConditionalExpr&) const { return "conditional expression"; }
   };
@@ -114,7 +119,8 @@ class Interpreter {
   }
 
  private:
-  [[noreturn]] void fail_at(SourceLocation where, std::string_view construct, std::string_view message) const {
+  [[noreturn]] void fail_at(SourceLocation where, std::string_view construct,
+                            std::string_view message) const {
     fail("{}:{}:{}: {}: {}", name_, where.line, where.column, construct, message);
   }
 
@@ -167,9 +173,10 @@ class Interpreter {
     }
     std::vector<Value> parts = iterate(value);
     if (parts.size() != names.size()) {
-      throw ValueError(parts.size() > names.size()
-                           ? fmt::format("too many values to unpack (expected {})", names.size())
-                           : fmt::format("not enough values to unpack (expected {}, got {})", names.size(), parts.size()));
+      throw ValueError(
+          parts.size() > names.size()
+              ? fmt::format("too many values to unpack (expected {})", names.size())
+              : fmt::format("not enough values to unpack (expected {}, got {})", names.size(), parts.size()));
     }
     for (size_t i = 0; i < names.size(); ++i) scope.set(names[i], parts[i]);
   }
@@ -178,14 +185,10 @@ class Interpreter {
     auto count = static_cast<int64_t>(items.size());
     auto i = static_cast<int64_t>(index);
     std::vector<std::pair<Value, Value>> entries = {
-        {Value("index"), Value(i + 1)},
-        {Value("index0"), Value(i)},
-        {Value("revindex"), Value(count - i)},
-        {Value("revindex0"), Value(count - i - 1)},
-        {Value("first"), Value(i == 0)},
-        {Value("last"), Value(i == count - 1)},
-        {Value("length"), Value(count)},
-        {Value("depth"), Value(1)},
+        {Value("index"), Value(i + 1)},        {Value("index0"), Value(i)},
+        {Value("revindex"), Value(count - i)}, {Value("revindex0"), Value(count - i - 1)},
+        {Value("first"), Value(i == 0)},       {Value("last"), Value(i == count - 1)},
+        {Value("length"), Value(count)},       {Value("depth"), Value(1)},
         {Value("depth0"), Value(0)},
     };
     if (index > 0) entries.emplace_back(Value("previtem"), items[index - 1]);
@@ -222,7 +225,8 @@ class Interpreter {
 
   void count_iteration() {
     if (++iterations_ > limits_.max_loop_iterations) {
-      throw ValueError(fmt::format("more than {} loop iterations in one render", limits_.max_loop_iterations));
+      throw ValueError(
+          fmt::format("more than {} loop iterations in one render", limits_.max_loop_iterations));
     }
   }
 
@@ -230,9 +234,11 @@ class Interpreter {
     if (target.attribute) {
       const Value* object = scope->find(target.names[0]);
       if (object == nullptr || !object->is_namespace()) {
-        throw ValueError(fmt::format("cannot assign attribute on non-namespace object '{}'", target.names[0]));
+        throw ValueError(
+            fmt::format("cannot assign attribute on non-namespace object '{}'", target.names[0]));
       }
-      if (value.holds_reference()) throw ValueError("a namespace attribute cannot hold a namespace or a function");
+      if (value.holds_reference())
+        throw ValueError("a namespace attribute cannot hold a namespace or a function");
       object->as_namespace().set(*target.attribute, value);
       return;
     }
@@ -297,14 +303,16 @@ class Interpreter {
 
   Value call_macro(const MacroStmt& macro, const std::weak_ptr<Scope>& defining, CallArguments& args) {
     ScopePtr parent = defining.lock();
-    if (!parent) throw ValueError(fmt::format("macro '{}' was called after the block defining it ended", macro.name));
+    if (!parent)
+      throw ValueError(fmt::format("macro '{}' was called after the block defining it ended", macro.name));
     if (macro_depth_ >= limits_.max_macro_depth) {
       throw ValueError(fmt::format("macro '{}' nested deeper than {} calls (runaway recursion?)", macro.name,
                                    limits_.max_macro_depth));
     }
     const auto& parameters = macro.parameters;
     if (args.positional.size() > parameters.size()) {
-      throw ValueError(fmt::format("macro '{}' takes not more than {} argument(s)", macro.name, parameters.size()));
+      throw ValueError(
+          fmt::format("macro '{}' takes not more than {} argument(s)", macro.name, parameters.size()));
     }
     auto scope = std::make_shared<Scope>(parent);
     std::vector<bool> bound(parameters.size(), false);
@@ -313,18 +321,22 @@ class Interpreter {
       bound[i] = true;
     }
     for (const auto& [name, value] : args.keyword) {
-      auto it = std::find_if(parameters.begin(), parameters.end(), [&](const MacroParameter& p) { return p.name == name; });
-      if (it == parameters.end()) throw ValueError(fmt::format("macro '{}' takes no keyword argument '{}'", macro.name, name));
+      auto it = std::find_if(parameters.begin(), parameters.end(),
+                             [&](const MacroParameter& p) { return p.name == name; });
+      if (it == parameters.end())
+        throw ValueError(fmt::format("macro '{}' takes no keyword argument '{}'", macro.name, name));
       auto index = static_cast<size_t>(it - parameters.begin());
-      if (bound[index]) throw ValueError(fmt::format("macro '{}' got multiple values for argument '{}'", macro.name, name));
+      if (bound[index])
+        throw ValueError(fmt::format("macro '{}' got multiple values for argument '{}'", macro.name, name));
       scope->set(name, value);
       bound[index] = true;
     }
     for (size_t i = 0; i < parameters.size(); ++i) {
       if (bound[i]) continue;
-      scope->set(parameters[i].name, parameters[i].default_value
-                                         ? evaluate(*parameters[i].default_value, scope)
-                                         : Value::undefined(fmt::format("'{}' is undefined", parameters[i].name)));
+      scope->set(parameters[i].name,
+                 parameters[i].default_value
+                     ? evaluate(*parameters[i].default_value, scope)
+                     : Value::undefined(fmt::format("'{}' is undefined", parameters[i].name)));
     }
     NestedCall nested(macro_depth_);
     std::string text;
@@ -360,7 +372,8 @@ class Interpreter {
   Value eval(const DictExpr& node, const ScopePtr& scope) {
     std::vector<std::pair<Value, Value>> entries;
     entries.reserve(node.entries.size());
-    for (const auto& [key, value] : node.entries) entries.emplace_back(evaluate(*key, scope), evaluate(*value, scope));
+    for (const auto& [key, value] : node.entries)
+      entries.emplace_back(evaluate(*key, scope), evaluate(*value, scope));
     return Value::dict(std::move(entries));
   }
 
@@ -385,14 +398,16 @@ class Interpreter {
     CallArguments args;
     for (const ExprPtr& expr : arguments.positional) args.positional.push_back(evaluate(*expr, scope));
     if (arguments.star_args) {
-      for (Value& item : iterate(evaluate(*arguments.star_args, scope))) args.positional.push_back(std::move(item));
+      for (Value& item : iterate(evaluate(*arguments.star_args, scope)))
+        args.positional.push_back(std::move(item));
     }
     for (const KeywordArgument& keyword : arguments.keyword) {
       args.keyword.emplace_back(keyword.name, evaluate(*keyword.value, scope));
     }
     if (arguments.star_kwargs) {
       Value mapping = evaluate(*arguments.star_kwargs, scope);
-      if (!mapping.is_dict()) throw ValueError(fmt::format("argument after ** must be a mapping, not {}", mapping.type_name()));
+      if (!mapping.is_dict())
+        throw ValueError(fmt::format("argument after ** must be a mapping, not {}", mapping.type_name()));
       for (const auto& [key, value] : mapping.as_dict().entries) {
         if (!key.is_string()) throw ValueError("keywords must be strings");
         args.keyword.emplace_back(key.as_string(), value);
@@ -404,7 +419,8 @@ class Interpreter {
   Value eval(const CallExpr& node, const ScopePtr& scope) {
     Value callee = evaluate(*node.callee, scope);
     callee.require_defined();
-    if (!callee.is_function()) throw ValueError(fmt::format("'{}' object is not callable", callee.type_name()));
+    if (!callee.is_function())
+      throw ValueError(fmt::format("'{}' object is not callable", callee.type_name()));
     CallArguments args = evaluate_arguments(node.arguments, scope);
     return callee.as_function().call(args);
   }
@@ -433,7 +449,8 @@ class Interpreter {
     if (node.op == BinaryOp::kConcat) {
       std::string text = left.str();
       std::string tail = right.str();
-      if (text.size() + tail.size() > kMaxBuiltSize) throw ValueError(fmt::format("string would exceed {} bytes", kMaxBuiltSize));
+      if (text.size() + tail.size() > kMaxBuiltSize)
+        throw ValueError(fmt::format("string would exceed {} bytes", kMaxBuiltSize));
       return Value(text + tail);
     }
     return binary_operation(node.op, left, right);

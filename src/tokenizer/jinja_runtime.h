@@ -13,7 +13,7 @@
 namespace qspec::jinja {
 
 struct RenderLimits {
-  int max_macro_depth = 100;             // nested macro calls (runaway recursion)
+  int max_macro_depth = 100;                 // nested macro calls (runaway recursion)
   int64_t max_loop_iterations = 10'000'000;  // all for-loop iterations of one render
   size_t max_output_bytes = size_t{256} << 20;
 };
@@ -21,6 +21,7 @@ struct RenderLimits {
 // Throws qspec::Error naming `template_name`, the line, column and construct of any runtime error, including
 // raise_exception() from the template.
 std::string render(const Body& body, std::string_view template_name,
-                   const std::vector<std::pair<std::string, Value>>& variables, const RenderLimits& limits = {});
+                   const std::vector<std::pair<std::string, Value>>& variables,
+                   const RenderLimits& limits = {});
 
 }  // namespace qspec::jinja

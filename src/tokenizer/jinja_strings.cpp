@@ -73,9 +73,8 @@ std::vector<std::string> python_split(std::string_view text, const std::optional
     while (i < n && is_python_space(code_points[i])) ++i;
     if (i == n) break;
     if (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split) {
-      size_t end = n;
-      while (end > i && is_python_space(code_points[end - 1])) --end;
-      std::u32string rest = code_points.substr(i, end - i);
+      // The unsplit remainder keeps its trailing whitespace, as in Python.
+      std::u32string rest = code_points.substr(i);
       if (from_right) std::reverse(rest.begin(), rest.end());
       parts.push_back(encode_utf8(rest));
       break;
@@ -109,7 +108,8 @@ std::vector<std::string> python_splitlines(std::string_view text, bool keep_ends
     lines.push_back(encode_utf8(std::u32string_view(code_points).substr(start, line_end - start)));
     start = i = break_end;
   }
-  if (start < code_points.size()) lines.push_back(encode_utf8(std::u32string_view(code_points).substr(start)));
+  if (start < code_points.size())
+    lines.push_back(encode_utf8(std::u32string_view(code_points).substr(start)));
   return lines;
 }
 
@@ -156,7 +156,8 @@ std::string python_title(std::string_view text) {
 
 std::string python_capitalize(std::string_view text) {
   std::u32string code_points = decode_utf8(text);
-  for (size_t i = 0; i < code_points.size(); ++i) code_points[i] = i == 0 ? to_title(code_points[i]) : to_lower(code_points[i]);
+  for (size_t i = 0; i < code_points.size(); ++i)
+    code_points[i] = i == 0 ? to_title(code_points[i]) : to_lower(code_points[i]);
   return encode_utf8(code_points);
 }
 
@@ -169,7 +170,8 @@ int64_t python_find(std::string_view text, std::string_view needle, bool from_ri
 int64_t python_count(std::string_view text, std::string_view needle) {
   if (needle.empty()) return static_cast<int64_t>(decode_utf8(text).size()) + 1;
   int64_t count = 0;
-  for (size_t found = text.find(needle); found != std::string_view::npos; found = text.find(needle, found + needle.size())) {
+  for (size_t found = text.find(needle); found != std::string_view::npos;
+       found = text.find(needle, found + needle.size())) {
     ++count;
   }
   return count;

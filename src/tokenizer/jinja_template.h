@@ -15,7 +15,8 @@ namespace qspec::jinja {
 
 class Template {
  public:
-  // Parses `source`; `name` (a file name, say) starts every error message. Throws qspec::Error on syntax errors.
+  // Parses `source`; `name` (a file name, say) starts every error message. Throws qspec::Error on syntax
+  // errors.
   explicit Template(std::string_view source, std::string name = "template");
 
   // Renders with the members of `variables` (a JSON object) as template variables; key order is kept.

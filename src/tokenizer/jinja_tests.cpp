@@ -15,7 +15,8 @@ namespace {
 using Test = bool (*)(const Value& value, const std::vector<std::optional<Value>>& args);
 
 const Value& required(const std::vector<std::optional<Value>>& args, size_t index, std::string_view test) {
-  if (index >= args.size() || !args[index]) throw ValueError(fmt::format("test '{}' needs an argument", test));
+  if (index >= args.size() || !args[index])
+    throw ValueError(fmt::format("test '{}' needs an argument", test));
   return *args[index];
 }
 
@@ -69,14 +70,17 @@ const std::map<std::string_view, TestSpec>& tests() {
     t["string"] = {[](const Value& v, Args) { return v.is_string(); }, 0};
     t["mapping"] = {[](const Value& v, Args) { return v.is_dict(); }, 0};
     // jinja2's Undefined iterates as empty and has a length, so it passes both.
-    t["iterable"] = {[](const Value& v, Args) { return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict(); }, 0};
+    t["iterable"] = {
+        [](const Value& v, Args) { return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict(); },
+        0};
     t["sequence"] = t["iterable"];
     t["callable"] = {[](const Value& v, Args) { return v.is_function() || v.is_undefined(); }, 0};
     t["odd"] = {[](const Value& v, Args) { return !remainder_is_zero(v, Value(2)); }, 0};
     t["even"] = {[](const Value& v, Args) { return remainder_is_zero(v, Value(2)); }, 0};
     t["lower"] = {[](const Value& v, Args) { return all_cased_as(v, false); }, 0};
     t["upper"] = {[](const Value& v, Args) { return all_cased_as(v, true); }, 0};
-    t["divisibleby"] = {[](const Value& v, Args a) { return remainder_is_zero(v, required(a, 0, "divisibleby")); }, 1};
+    t["divisibleby"] = {
+        [](const Value& v, Args a) { return remainder_is_zero(v, required(a, 0, "divisibleby")); }, 1};
     t["sameas"] = {[](const Value& v, Args a) { return same_object(v, required(a, 0, "sameas")); }, 1};
     t["in"] = {[](const Value& v, Args a) { return contains(required(a, 0, "in"), v); }, 1};
     Test eq = [](const Value& v, Args a) { return equals(v, required(a, 0, "eq")); };
@@ -98,7 +102,9 @@ const std::map<std::string_view, TestSpec>& tests() {
 
 }  // namespace
 
-bool has_test(std::string_view name) { return tests().count(name) > 0; }
+bool has_test(std::string_view name) {
+  return tests().count(name) > 0;
+}
 
 bool apply_test(std::string_view name, const Value& input, CallArguments& args) {
   auto found = tests().find(name);

@@ -77,7 +77,9 @@ bool is_alphabetic(char32_t c) {
   return cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO;
 }
 
-bool is_decimal_digit(char32_t c) { return category(c) == UTF8PROC_CATEGORY_ND; }
+bool is_decimal_digit(char32_t c) {
+  return category(c) == UTF8PROC_CATEGORY_ND;
+}
 
 bool is_alphanumeric(char32_t c) {
   utf8proc_category_t cat = category(c);
@@ -85,12 +87,22 @@ bool is_alphanumeric(char32_t c) {
          cat == UTF8PROC_CATEGORY_NO;
 }
 
-bool is_uppercase(char32_t c) { return utf8proc_isupper(static_cast<utf8proc_int32_t>(c)); }
-bool is_lowercase(char32_t c) { return utf8proc_islower(static_cast<utf8proc_int32_t>(c)); }
+bool is_uppercase(char32_t c) {
+  return utf8proc_isupper(static_cast<utf8proc_int32_t>(c));
+}
+bool is_lowercase(char32_t c) {
+  return utf8proc_islower(static_cast<utf8proc_int32_t>(c));
+}
 
-char32_t to_upper(char32_t c) { return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c))); }
-char32_t to_lower(char32_t c) { return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))); }
-char32_t to_title(char32_t c) { return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c))); }
+char32_t to_upper(char32_t c) {
+  return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c)));
+}
+char32_t to_lower(char32_t c) {
+  return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c)));
+}
+char32_t to_title(char32_t c) {
+  return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c)));
+}
 
 std::string to_upper(std::string_view text) {
   std::u32string code_points = decode_utf8(text);

@@ -13,7 +13,8 @@ namespace qspec::jinja {
 namespace {
 
 int check_depth(int depth) {
-  if (depth > kMaxValueDepth) throw ValueError(fmt::format("value nested deeper than {} levels", kMaxValueDepth));
+  if (depth > kMaxValueDepth)
+    throw ValueError(fmt::format("value nested deeper than {} levels", kMaxValueDepth));
   return depth;
 }
 
@@ -60,7 +61,8 @@ Value Value::dict(std::vector<std::pair<Value, Value>> entries) {
       unique.push_back(std::move(entry));
     }
   }
-  return Value(std::make_shared<const Dict>(Dict{std::move(unique), check_depth(depth + 1), holds_reference}));
+  return Value(
+      std::make_shared<const Dict>(Dict{std::move(unique), check_depth(depth + 1), holds_reference}));
 }
 
 Value make_function(std::string name, std::function<Value(CallArguments&)> call) {
@@ -176,7 +178,9 @@ std::string repr_float(double value) {
   } else if (static_cast<size_t>(decimal_point) >= digits.size()) {
     out.append(digits).append(static_cast<size_t>(decimal_point) - digits.size(), '0').append(".0");
   } else {
-    out.append(digits, 0, static_cast<size_t>(decimal_point)).append(".").append(digits, static_cast<size_t>(decimal_point));
+    out.append(digits, 0, static_cast<size_t>(decimal_point))
+        .append(".")
+        .append(digits, static_cast<size_t>(decimal_point));
   }
   return out;
 }
@@ -362,8 +366,8 @@ int compare(const Value& a, const Value& b, std::string_view op) {
     }
     return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
   }
-  throw ValueError(fmt::format("'{}' not supported between instances of '{}' and '{}'", op, a.type_name(),
-                               b.type_name()));
+  throw ValueError(
+      fmt::format("'{}' not supported between instances of '{}' and '{}'", op, a.type_name(), b.type_name()));
 }
 
 size_t length(const Value& value) {
@@ -387,7 +391,8 @@ std::vector<Value> iterate(const Value& value) {
       return {};
     case Value::Kind::kString: {
       std::vector<Value> characters;
-      for (char32_t c : decode_utf8(value.as_string())) characters.emplace_back(encode_utf8(std::u32string(1, c)));
+      for (char32_t c : decode_utf8(value.as_string()))
+        characters.emplace_back(encode_utf8(std::u32string(1, c)));
       return characters;
     }
     case Value::Kind::kList:
@@ -438,7 +443,8 @@ std::vector<std::optional<Value>> bind_arguments(const CallArguments& args, std:
       throw ValueError(fmt::format("{}() got an unexpected keyword argument '{}'", callee, name));
     }
     auto index = static_cast<size_t>(it - parameters.begin());
-    if (bound[index]) throw ValueError(fmt::format("{}() got multiple values for argument '{}'", callee, name));
+    if (bound[index])
+      throw ValueError(fmt::format("{}() got multiple values for argument '{}'", callee, name));
     bound[index] = value;
   }
   return bound;
