@@ -618,7 +618,7 @@ class Parser {
   }
 
   ExprPtr parse_call(ExprPtr callee) {
-    SourceLocation where = peek().where;
+    SourceLocation where = callee->where;
     return make_expr(where, CallExpr{std::move(callee), parse_arguments()});
   }
 
