@@ -5,6 +5,7 @@ namespace qspec::cli {
 void register_commands(CLI::App& app) {
   register_inspect(app);
   register_generate(app);
+  register_tokenize(app);
 }
 
 }  // namespace qspec::cli

@@ -11,5 +11,6 @@ namespace qspec::cli {
 void register_commands(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace qspec::cli

@@ -91,7 +91,11 @@ class Fields {
   std::string file_;
 };
 
-using TextToId = std::unordered_map<std::string, TokenId>;
+struct TextHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+};
+using TextToId = std::unordered_map<std::string, TokenId, TextHash, std::equal_to<>>;
 
 void read_model(const Fields& f, const json& model, TokenizerSpec& spec, TextToId& vocab_ids) {
   f.object(model, "model");
@@ -107,15 +111,22 @@ void read_model(const Fields& f, const json& model, TokenizerSpec& spec, TextToI
   const json& ignore_merges = f.optional_member(model, "ignore_merges");
   spec.ignore_merges = !ignore_merges.is_null() && f.boolean(ignore_merges, "model.ignore_merges");
 
+  // These loops run over ~250k entries each: field names are only formatted for an error.
   const json& vocab = f.object(f.member(model, "vocab", "model.vocab"), "model.vocab");
   spec.vocab.assign(vocab.size(), std::string());
+  vocab_ids.reserve(vocab.size());
   std::vector<bool> seen(vocab.size(), false);
   for (const auto& [text, id_value] : vocab.items()) {
-    const std::string field = fmt::format("model.vocab[{}]", json(text).dump());
-    const auto id =
-        static_cast<size_t>(f.integer(id_value, field, 0, static_cast<int64_t>(vocab.size()) - 1));
-    if (seen[id])
-      f.bad(field, fmt::format("a unique id (id {} appears twice; ids must be 0..{})", id, vocab.size() - 1));
+    const auto field = [&] { return fmt::format("model.vocab[{}]", json(text).dump()); };
+    if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 ||
+        id_value.get<int64_t>() >= static_cast<int64_t>(vocab.size())) {
+      f.bad(field(), fmt::format("an integer in [0, {}]", vocab.size() - 1));
+    }
+    const auto id = id_value.get<size_t>();
+    if (seen[id]) {
+      f.bad(field(),
+            fmt::format("a unique id (id {} appears twice; ids must be 0..{})", id, vocab.size() - 1));
+    }
     seen[id] = true;
     // A token outside the byte alphabet stands for its own UTF-8 bytes (HF's ByteLevel decoder does the
     // same).
@@ -126,32 +137,34 @@ void read_model(const Fields& f, const json& model, TokenizerSpec& spec, TextToI
   const json& merges = f.member(model, "merges", "model.merges");
   if (!merges.is_array()) f.bad("model.merges", "an array of merges");
   spec.merges.reserve(merges.size());
+  std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const std::string field = fmt::format("model.merges[{}]", rank);
+    const auto field = [&] { return fmt::format("model.merges[{}]", rank); };
     const json& merge = merges[rank];
-    std::string left, right;
+    std::string_view left, right;
     if (merge.is_string()) {
-      const std::string line = merge.get<std::string>();
+      const std::string& line = merge.get_ref<const std::string&>();
       const size_t space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        f.bad(field, "\"LEFT RIGHT\" (two tokens separated by one space)");
+        f.bad(field(), "\"LEFT RIGHT\" (two tokens separated by one space)");
       }
-      left = line.substr(0, space);
-      right = line.substr(space + 1);
+      left = std::string_view(line).substr(0, space);
+      right = std::string_view(line).substr(space + 1);
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-      left = merge[0].get<std::string>();
-      right = merge[1].get<std::string>();
+      left = merge[0].get_ref<const std::string&>();
+      right = merge[1].get_ref<const std::string&>();
     } else {
-      f.bad(field, "a pair of tokens: [\"LEFT\", \"RIGHT\"] or \"LEFT RIGHT\"");
+      f.bad(field(), "a pair of tokens: [\"LEFT\", \"RIGHT\"] or \"LEFT RIGHT\"");
     }
-    const auto resolve = [&](const std::string& text) {
+    joined.assign(left).append(right);
+    const auto resolve = [&](std::string_view text) {
       const auto found = vocab_ids.find(text);
       if (found == vocab_ids.end()) {
-        f.bad(field, fmt::format("tokens of model.vocab, and {} is not one", json(text).dump()));
+        f.bad(field(), fmt::format("tokens of model.vocab, and {} is not one", json(text).dump()));
       }
       return found->second;
     };
-    spec.merges.push_back({resolve(left), resolve(right), resolve(left + right)});
+    spec.merges.push_back({resolve(left), resolve(right), resolve(joined)});
   }
 }
 
