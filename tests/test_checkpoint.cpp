@@ -13,11 +13,11 @@ namespace qspec {
 namespace {
 
 using nlohmann::json;
-using testing::find_tensor;
-using testing::schema_tensors;
-using testing::TempDir;
-using testing::tiny_wrapper_config;
-using testing::zero_tensor;
+using tiny::find_tensor;
+using tiny::schema_tensors;
+using tiny::TempDir;
+using tiny::tiny_wrapper_config;
+using tiny::zero_tensor;
 
 // Parameters of the tiny model, by hand: embed 256*64 + norm 64; per layer norms 2*64 + MLP 3*128*64;
 // GDN qkv 128*64 + z 64*64 + b,a 2*4*64 + conv 128*4 + dt_bias,A_log 2*4 + norm 16 + out 64*64;
@@ -30,7 +30,7 @@ Qwen35Config parse(const json& config) {
 
 json quantized_config(int group_size) {
   json config = tiny_wrapper_config(true);
-  config["quantization_config"] = testing::w4a16_quantization_config(group_size);
+  config["quantization_config"] = tiny::w4a16_quantization_config(group_size);
   return config;
 }
 
@@ -45,7 +45,7 @@ struct Checkpoint {
 
   static TensorStore open(const TempDir& dir, const json& config_json,
                           const std::vector<TensorData>& tensors) {
-    testing::write_checkpoint(dir.path(), config_json, tensors);
+    tiny::write_checkpoint(dir.path(), config_json, tensors);
     return TensorStore::open_dir(dir.str());
   }
 };
@@ -102,7 +102,7 @@ TEST(CheckpointSchema, TinyModelNamesShapesAndDtypes) {
 }
 
 TEST(CheckpointSchema, Qwen35_4BHas426TextTensorsAnd4_2BParameters) {
-  json text = testing::tiny_text_config();
+  json text = tiny::tiny_text_config();
   text.update(json{{"vocab_size", 248320},
                    {"hidden_size", 2560},
                    {"intermediate_size", 9216},
@@ -128,7 +128,7 @@ TEST(CheckpointSchema, NameHelpers) {
   Qwen35Config wrapper = parse(tiny_wrapper_config(true));
   EXPECT_EQ(model_tensor(wrapper, "embed_tokens.weight"), "model.language_model.embed_tokens.weight");
   EXPECT_EQ(layer_module(wrapper, 3, "self_attn.q_proj"), "model.language_model.layers.3.self_attn.q_proj");
-  json causal = testing::tiny_text_config();
+  json causal = tiny::tiny_text_config();
   causal["architectures"] = {"Qwen3_5ForCausalLM"};
   EXPECT_EQ(layer_module(parse(causal), 0, "mlp.up_proj"), "model.layers.0.mlp.up_proj");
 }
@@ -190,7 +190,7 @@ TEST(CheckCheckpoint, GoodDenseCheckpointWithSkippedTensors) {
 }
 
 TEST(CheckCheckpoint, CausalLmUntiedHasTopLevelLmHeadAndSkipsVisualUnderModel) {
-  json config = testing::tiny_text_config();
+  json config = tiny::tiny_text_config();
   config["architectures"] = {"Qwen3_5ForCausalLM"};
   std::vector<TensorData> tensors = tensors_for(config);
   EXPECT_NE(find_tensor(tensors, "lm_head.weight"), nullptr);

@@ -10,8 +10,8 @@ namespace qspec {
 namespace {
 
 using nlohmann::json;
-using testing::tiny_text_config;
-using testing::tiny_wrapper_config;
+using tiny::tiny_text_config;
+using tiny::tiny_wrapper_config;
 
 constexpr LayerType L = LayerType::LinearAttention;
 constexpr LayerType F = LayerType::FullAttention;
@@ -178,7 +178,7 @@ TEST(ModelConfig, EosTokenIdIsAnIdOrAList) {
 
 TEST(ModelConfig, ParsesQuantizationConfig) {
   json config = tiny_wrapper_config(true);
-  config["quantization_config"] = testing::w4a16_quantization_config(32);
+  config["quantization_config"] = tiny::w4a16_quantization_config(32);
   Qwen35Config c = parse(config);
   ASSERT_TRUE(c.quantization.has_value());
   EXPECT_EQ(c.quantization->scheme_for("model.language_model.layers.0.mlp.up_proj")->group_size, 32);
@@ -191,13 +191,13 @@ TEST(ModelConfig, ParsesQuantizationConfig) {
 }
 
 TEST(ModelConfig, LoadsConfigJsonFromADirectory) {
-  testing::TempDir dir;
-  testing::write_config(dir.path(), tiny_wrapper_config(false));
+  tiny::TempDir dir;
+  tiny::write_config(dir.path(), tiny_wrapper_config(false));
   Qwen35Config c = Qwen35Config::load(dir.str());
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_FALSE(c.tie_word_embeddings);
 
-  testing::TempDir empty;
+  tiny::TempDir empty;
   try {
     Qwen35Config::load(empty.str());
     ADD_FAILURE() << "no error";
@@ -205,7 +205,7 @@ TEST(ModelConfig, LoadsConfigJsonFromADirectory) {
     EXPECT_EQ(std::string(e.what()),
               "cannot open " + empty.str() + "/config.json: expected the model's config.json there");
   }
-  testing::write_config(empty.path(), json{{"architectures", {"LlamaForCausalLM"}}});
+  tiny::write_config(empty.path(), json{{"architectures", {"LlamaForCausalLM"}}});
   try {
     Qwen35Config::load(empty.str());
     ADD_FAILURE() << "no error";

@@ -147,6 +147,14 @@ TEST(QuantConfig, AcceptsStaticActOrderAndOmittedOptionalFields) {
   config["config_groups"]["group_0"].erase("input_activations");
   config.erase("ignore");
   EXPECT_EQ(error_of(config), "no error");
+  // What compressed-tensors 0.20 writes when there are no transforms and no sparsity.
+  config["transform_config"] = json::object();
+  config["sparsity_config"] = json::object();
+  config["config_groups"]["group_0"]["format"] = nullptr;
+  EXPECT_EQ(error_of(config), "no error");
+  config["transform_config"] = {{"config_groups", json::object()}};
+  config["sparsity_config"] = {{"format", "dense"}};
+  EXPECT_EQ(error_of(config), "no error");
 }
 
 struct Rejection {
@@ -174,6 +182,16 @@ TEST(QuantConfig, RejectsUnsupportedSchemesNamingTheField) {
        "config.json: quantization_config.kv_cache_scheme: expected null (KV cache quantization not "
        "supported), got "
        "{\"num_bits\":8}"},
+      {"/transform_config",
+       {{"config_groups", {{"u", {{"type", "hadamard"}}}}}},
+       "config.json: quantization_config.transform_config.config_groups: expected none (weight transforms "
+       "not "
+       "supported), got {\"u\":{\"type\":\"hadamard\"}}"},
+      {"/sparsity_config",
+       {{"format", "sparse-24-bitmask"}},
+       "config.json: quantization_config.sparsity_config.format: expected \"dense\" (sparse weights not "
+       "supported), "
+       "got \"sparse-24-bitmask\""},
       {"/config_groups", json::object(),
        "config.json: quantization_config.config_groups: expected at least one group, got {}"},
       {"/config_groups/group_0/targets", json::array(),

@@ -17,7 +17,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 
-namespace qspec::testing {
+namespace qspec::tiny {
 
 // A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {
@@ -126,4 +126,4 @@ inline void write_checkpoint(const std::filesystem::path& dir, const nlohmann::j
   write_safetensors((dir / "model.safetensors").string(), tensors);
 }
 
-}  // namespace qspec::testing
+}  // namespace qspec::tiny

@@ -123,7 +123,17 @@ QuantizationConfig QuantizationConfig::parse(const nlohmann::json& quantization_
                       "\"pack-quantized\" (W4A16 packed int4; other compressed-tensors formats are not "
                       "supported)");
   require_null(fields, "kv_cache_scheme", "KV cache quantization not supported");
-  require_null(fields, "transform_config", "weight transforms not supported");
+  // compressed-tensors writes {} for "no transforms" and "no sparsity".
+  if (fields.has("transform_config")) {
+    ConfigFields transforms = fields.object("transform_config");
+    if (transforms.has("config_groups") && !transforms.at("config_groups").empty())
+      transforms.fail_field("config_groups", "none (weight transforms not supported)");
+  }
+  if (fields.has("sparsity_config")) {
+    ConfigFields sparsity = fields.object("sparsity_config");
+    if (auto format = sparsity.optional_string("format"); format && *format != "dense")
+      sparsity.fail_field("format", "\"dense\" (sparse weights not supported)");
+  }
 
   ConfigFields groups = fields.object("config_groups");
   // compressed-tensors gives a target listed twice to the later group in file order, which nlohmann::json
