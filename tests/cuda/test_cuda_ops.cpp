@@ -235,6 +235,7 @@ TEST(CudaOps, LinearW4A16) {
       {2560, 9216, 128, DType::BF16, {1, 16}},    // mlp down, g128
       {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
       {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
+      {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
   };
   for (const Case& c : cases) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
@@ -355,11 +356,13 @@ TEST(CudaOps, Attention) {
     int tokens, first_position;
   };
   const std::vector<Case> cases = {
-      {16, 4, 256, 1, 299},                      // decode
-      {16, 4, 256, 16, 100},                     // verify block
-      {16, 4, 256, 63, 0},                       // prefill from the start
-      {16, 4, 256, 65, 1000}, {4, 2, 64, 3, 5},  // the fixtures' shape
-      {8, 8, 128, 1, 0},                         // one key, no grouping
+      {16, 4, 256, 1, 299},    // decode
+      {16, 4, 256, 16, 100},   // verify block
+      {16, 4, 256, 63, 0},     // prefill from the start
+      {16, 4, 256, 65, 1000},  // prefill at an offset
+      {16, 4, 256, 1, 1099},   // 1100 keys: not a multiple of the key groups
+      {4, 2, 64, 3, 5},        // the fixtures' shape
+      {8, 8, 128, 1, 0},       // one key, no grouping
   };
   for (const Case& c : cases) {
     const int64_t cache_rows = 1100;

@@ -1,7 +1,8 @@
 // Causal attention of query rows over an F32 KV cache: query row t sees cache rows 0..positions[t]. One block
-// per (query row, head); each warp takes every kWarps-th key, computes the score with its lanes along the
-// head dims, and keeps an online softmax (running max, sum and weighted values) in fp32; the warps' partial
-// results are merged in shared memory at the end.
+// per (query row, head) of kWarps warps; each warp takes groups of kKeysPerStep consecutive keys (every
+// kWarps-th group), computes their scores with its lanes along the head dims (several independent loads and
+// reductions in flight), and keeps an online softmax (running max, sum and weighted values) in fp32; the
+// warps' partial results are merged in shared memory at the end.
 #include <cmath>
 
 #include "backend/cuda/device_math.cuh"
@@ -11,7 +12,8 @@ namespace qspec::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 16;
+constexpr int kKeysPerStep = 4;
 constexpr int kDimsPerLane = kMaxAttentionHeadDim / kWarpSize;
 
 __global__ void attention_kernel(float* out, int64_t out_stride, const float* q, int64_t q_stride,
@@ -45,24 +47,43 @@ __global__ void attention_kernel(float* out, int64_t out_stride, const float* q,
     acc[i] = 0.0f;
   }
   float running_max = -INFINITY, total = 0.0f;
-  for (int64_t j = warp; j < keys; j += kWarps) {
-    const float* key = k_cache + j * k_stride + kv_offset;
-    const float* value = v_cache + j * v_stride + kv_offset;
-    float partial = 0.0f;
+  for (int64_t first = int64_t{warp} * kKeysPerStep; first < keys; first += kWarps * kKeysPerStep) {
+    float scores[kKeysPerStep];
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
-      const int d = lane + i * kWarpSize;
-      if (d < head_dim) partial += query_values[i] * key[d];
+    for (int u = 0; u < kKeysPerStep; ++u) {
+      float partial = 0.0f;
+      if (first + u < keys) {
+        const float* key = k_cache + (first + u) * k_stride + kv_offset;
+#pragma unroll
+        for (int i = 0; i < kDimsPerLane; ++i) {
+          const int d = lane + i * kWarpSize;
+          if (d < head_dim) partial += query_values[i] * key[d];
+        }
+      }
+      scores[u] = partial;
     }
-    const float score = warp_sum(partial) * scale;
-    const float new_max = fmaxf(running_max, score);
-    const float correction = expf(running_max - new_max);
-    const float weight = expf(score - new_max);
-    total = total * correction + weight;
+    // The group's first key exists, so new_max is finite; missing keys get weight exp(-inf) = 0.
+    float new_max = running_max;
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
-      const int d = lane + i * kWarpSize;
-      acc[i] = acc[i] * correction + (d < head_dim ? weight * value[d] : 0.0f);
+    for (int u = 0; u < kKeysPerStep; ++u) {
+      scores[u] = first + u < keys ? warp_sum(scores[u]) * scale : -INFINITY;
+      new_max = fmaxf(new_max, scores[u]);
+    }
+    const float correction = expf(running_max - new_max);
+    total *= correction;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= correction;
+#pragma unroll
+    for (int u = 0; u < kKeysPerStep; ++u) {
+      if (first + u >= keys) break;
+      const float weight = expf(scores[u] - new_max);
+      total += weight;
+      const float* value = v_cache + (first + u) * v_stride + kv_offset;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + i * kWarpSize;
+        if (d < head_dim) acc[i] += weight * value[d];
+      }
     }
     running_max = new_max;
   }
