@@ -111,6 +111,31 @@ TEST(CpuElementwise, AddSiluMulSigmoidMul) {
   }
 }
 
+// The forward updates activations in place (x = x + h, o = o * sigmoid(gate), ...): same values as out of
+// place.
+TEST(CpuElementwise, OutputMayAliasInput) {
+  std::mt19937 rng(12);
+  auto backend = make_cpu_backend();
+  TestTensor a = cpu_test::random_tensor(rng, DType::F32, 5, 24, -3, 3, 30);
+  TestTensor b = cpu_test::random_tensor(rng, DType::F32, 5, 24, -3, 3);
+  TestTensor w = cpu_test::random_tensor(rng, DType::F32, 1, 8);
+  TestTensor separate(DType::F32, 5, 24);
+  const std::vector<std::pair<std::string, std::function<void(const Tensor&)>>> ops = {
+      {"add", [&](const Tensor& out) { backend->add(out, a.view(), b.view()); }},
+      {"silu_mul", [&](const Tensor& out) { backend->silu_mul(out, a.view(), b.view()); }},
+      {"sigmoid_mul", [&](const Tensor& out) { backend->sigmoid_mul(out, a.view(), b.view()); }},
+      {"gated_rmsnorm",
+       [&](const Tensor& out) { backend->gated_rmsnorm(out, a.view(), w.view(), b.view(), 1e-6f); }},
+  };
+  for (const auto& [op, run] : ops) {
+    SCOPED_TRACE(op);
+    run(separate.view());
+    run(a.view());
+    EXPECT_EQ(cpu_test::relative_max_error(a, cpu_test::reference_of(separate)), 0.0);
+    a.fill_random(rng, -3, 3);
+  }
+}
+
 TEST(CpuSplitQueryGate, InterleavedPerHead) {
   std::mt19937 rng(5);
   auto backend = make_cpu_backend();

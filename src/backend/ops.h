@@ -1,7 +1,10 @@
 // The op set a Qwen3.5 / DFlash forward needs. model/ is written once against this interface; the CPU backend
 // (the exact fp32 reference) and the CUDA backend implement it. Every op here has a CPU reference.
 //
-// Shapes use T for the number of tokens in the step. Activations are F32 on the CPU backend.
+// Shapes use T for the number of tokens in the step. Activations are F32 on the CPU backend; weights may be
+// BF16, F16 or F32. Op inputs and outputs may be strided views (stride >= cols). Outputs may alias inputs of
+// the same shape in rmsnorm, gated_rmsnorm, add, silu_mul, sigmoid_mul and conv1d_silu (out = x), not in
+// linear or attention. Bad shapes, dtypes, ids or positions throw Error naming the op and the argument.
 #pragma once
 
 #include <cstdint>
