@@ -58,7 +58,9 @@ TEST(ChatTemplateCases, RenderLikeTransformers) {
       std::string rendered = render_chat(chat, test_case["messages"], options);
       ADD_FAILURE() << "expected the error '" << expected_error << "', rendered:\n" << rendered;
     } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find(expected_error), std::string::npos) << error.what();
+      if (!test_case.value("error_any", false)) {
+        EXPECT_NE(std::string(error.what()).find(expected_error), std::string::npos) << error.what();
+      }
       EXPECT_NE(std::string(error.what()).find(template_file + ":"), std::string::npos) << error.what();
     }
   }

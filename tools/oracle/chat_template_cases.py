@@ -361,13 +361,67 @@ def llama_cases():
     ]
 
 
+TYPED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "plot",
+        "description": "  Plot series.  ",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "points": {"type": "array", "items": {"type": "number"}, "description": "y values"},
+                "style": {"type": "object", "additionalProperties": {"type": "string"}, "description": "CSS-like"},
+                "title": {"type": ["string", "integer"], "description": "title or index"},
+                "log": {"type": "boolean", "description": "log scale"},
+                "extra": {"description": "anything"},
+                "count": {"type": "integer", "description": "how many"},
+            },
+            "required": ["points"],
+        },
+        "return": {"type": "string", "description": "a PNG path"},
+    },
+}
+
+
+NULLABLE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "description": "d",
+        "parameters": {"type": "object", "properties": {"x": {"type": ["string", "null"], "description": "x"}}},
+    },
+}
+
+
+def hermes_cases():
+    t = "hermes3_tool_use.jinja"
+    tokens = {"bos_token": "<|begin_of_text|>"}
+    chat = [
+        system("You are Hermes."),
+        user("Plot 1 2 3"),
+        assistant(None, tool_calls=[call("plot", {"points": [1, 2, 3], "log": False}), call("plot", '{"points": [4]}')]),
+        tool("/tmp/a.png"),
+        tool("/tmp/b.png"),
+        assistant("Done: two plots."),
+        user("Thanks"),
+    ]
+    return [
+        (t, "hermes_typed_tools", [user("hi")], [TYPED_TOOL, WEATHER_TOOL], True, tokens),
+        (t, "hermes_tool_calls_and_responses", chat, [TYPED_TOOL], True, tokens),
+        (t, "hermes_no_tools", [user("hi")], None, False, tokens),
+        # The template recurses without end on a type it cannot name ("null" iterates as a string).
+        (t, "hermes_runaway_recursion_fails", [user("hi")], [NULLABLE_TOOL], True, tokens),
+    ]
+
+
 def main():
     templates = {}
     cases = []
-    for template_file, name, messages, tools, add_generation_prompt, kwargs in qwen35_cases() + qwen3_cases() + llama_cases():
+    all_cases = qwen35_cases() + qwen3_cases() + llama_cases() + hermes_cases()
+    for template_file, name, messages, tools, add_generation_prompt, kwargs in all_cases:
         if template_file not in templates:
             templates[template_file] = (FIXTURES / template_file).read_text(encoding="utf-8")
-        special = LLAMA_TOKENS if template_file.startswith("llama") else QWEN_TOKENS
+        special = LLAMA_TOKENS if template_file.startswith("llama") else QWEN_TOKENS if "qwen" in template_file else {}
         variables = {**special, **kwargs}
         case = {
             "name": name,
@@ -383,6 +437,10 @@ def main():
             case["error"] = str(error)
         except TypeError as error:
             case["error"] = str(error)
+        except RecursionError as error:
+            # Python's wording is its own; qspec stops at its macro depth limit instead.
+            case["error"] = str(error)
+            case["error_any"] = True
         cases.append(case)
     fixture = {
         "generator": "tools/oracle/chat_template_cases.py",

@@ -114,6 +114,15 @@ SNIPPETS = [
     ("{{ 'abc'.startswith(('x','a')) }}{{ 'abc'.endswith('bc') }}{{ 'aXbXc'.replace('X', '-', 1) }}{{ '-'.join(['a', 'b']) }}{{ 'AbC'.upper() }}{{ 'AbC'.lower() }}", {}, False),
     ("{{ '{} {}'.format(1, 'a') }}{{ '{0}{1}{0}'.format('x', 'y') }}{{ '{name}!'.format(name='n') }}{{ '12'.isdigit() }}{{ 'ab'.isalpha() }}{{ ' '.isspace() }}", {}, False),
     ("{{ '\\n\\n  x \\t'.lstrip() }}|{{ 'x\\n\\n'.rstrip('\\n') }}|{{ '<think>a</think>b'.split('</think>')[0].split('<think>')[-1] }}", {}, False),
+    # constructs of other real templates (gpt-oss, Hermes, Llama)
+    ("{%- macro m(a) -%}\n  [{{ a }}]\n{%- endmacro -%}\n{{ m(1) }} {{ m('x') }}", {}, False),
+    ("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}{{ v }}{% endfor %}{{ 'x' not in (none or []) }}", {}, False),
+    ("{% set l = [1, 2, 3] %}{% for x in l %}{{ l[loop.index:] }}{% endfor %}", {}, False),
+    ("{{ (a.b if a.b is defined else 'json') + '!' }}{{ {'s': 'str'}[a.type] is defined }}", {"a": {}}, False),
+    ("{% macro t(s) %}{% if s.type is iterable %}U[{% for x in s.type %}{{ x }}{% endfor %}]{% endif %}{% endmacro %}{{ t({'type': 'ab'}) }}{{ t([1]) }}", {}, False),
+    ("{{ ['a', 'b', 'code']|reject('equalto', 'code')|join(', ') }}{{ messages|selectattr('role', 'equalto', 'user')|list|length }}", MESSAGES, False),
+    ("{% for m in messages %}{% if loop.previtem and loop.previtem.role != m.role %}<{{ m.role }}>{% endif %}{% endfor %}", MESSAGES, False),
+    ("{{ strftime_now('%Y') | length }}{{ messages | length is even }}", MESSAGES, False),
     # errors
     ("{{ messages[0].foo.bar }}", MESSAGES, False),
     ("{{ messages[0].foo + 1 }}", MESSAGES, False),
