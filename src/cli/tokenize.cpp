@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -25,6 +27,7 @@ struct TokenizeArgs {
   std::string decode_ids;
   bool json = false;
   bool no_special = false;
+  int bench_repeats = 0;  // > 0: time that many encodes of the input instead of printing ids
 };
 
 std::string read_file(const std::string& path) {
@@ -35,6 +38,7 @@ std::string read_file(const std::string& path) {
   return contents.str();
 }
 
+// Every input source other than --decode becomes text here.
 std::string text_to_encode(const TokenizeArgs& args) {
   if (!args.file.empty()) return read_file(args.file);
   return args.text;
@@ -68,9 +72,46 @@ void run_decode(const Tokenizer& tokenizer, const TokenizeArgs& args) {
   }
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Single-threaded encode speed; the first encode runs on a cold BPE cache, the best one on a warm cache.
+void run_bench(const TokenizeArgs& args) {
+  if (!args.decode_ids.empty()) fail("--bench: times encoding; give --text or --file");
+  auto start = std::chrono::steady_clock::now();
+  const Tokenizer tokenizer(args.model_dir);
+  const double load_seconds = seconds_since(start);
+  const std::string text = text_to_encode(args);
+  const EncodeOptions options{.special_tokens_as_text = args.no_special};
+  double first_seconds = 0, best_seconds = 0;
+  size_t tokens = 0;
+  for (int repeat = 0; repeat < args.bench_repeats; ++repeat) {
+    start = std::chrono::steady_clock::now();
+    tokens = tokenizer.encode(text, options).size();
+    const double seconds = seconds_since(start);
+    first_seconds = repeat == 0 ? seconds : first_seconds;
+    best_seconds = repeat == 0 ? seconds : std::min(best_seconds, seconds);
+  }
+  const auto megabytes = static_cast<double>(text.size()) / 1e6;
+  const nlohmann::json out{{"load_s", load_seconds},
+                           {"bytes", text.size()},
+                           {"tokens", tokens},
+                           {"repeats", args.bench_repeats},
+                           {"first_s", first_seconds},
+                           {"best_s", best_seconds},
+                           {"mb_per_s_first", megabytes / first_seconds},
+                           {"mb_per_s_best", megabytes / best_seconds}};
+  fmt::print("{}\n", out.dump());
+}
+
 void run_tokenize(const TokenizeArgs& args) {
   const int sources = !args.text.empty() + !args.file.empty() + !args.decode_ids.empty();
   if (sources != 1) fail("tokenize: give exactly one of --text, --file, --decode");
+  if (args.bench_repeats > 0) {
+    run_bench(args);
+    return;
+  }
   const Tokenizer tokenizer(args.model_dir);
   if (!args.decode_ids.empty()) {
     run_decode(tokenizer, args);
@@ -93,6 +134,8 @@ void register_tokenize(CLI::App& app) {
                     "print {\"ids\", \"tokens\"} (or {\"text\", \"tokens\"} for --decode)");
   command->add_flag("--no-special", args->no_special,
                     "encode control tokens such as <|im_start|> as plain text; with --decode, drop them");
+  command->add_option("--bench", args->bench_repeats, "time N encodes of the input; print timing JSON")
+      ->check(CLI::PositiveNumber);
   command->callback([args] { run_tokenize(*args); });
 }
 
