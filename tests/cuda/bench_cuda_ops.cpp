@@ -175,21 +175,27 @@ int run(const char* out_path) {
     const double bytes = 2.0 * 32 * 128 * 128 * 4 + 4.0 * (8192 + 64 + 4096);
     results.push_back(entry("gated_delta_rule T=1 nv 32 dk=dv=128 (state r+w)", bytes, seconds));
   }
-  // Attention, one decode row over 4096 cached positions, 8 layers' caches in turn (32 MiB K+V each).
+  // Attention, a decode row and a 16-row verify block at the end of 4096 cached positions, 8 layers' caches
+  // in turn (32 MiB K+V each).
   {
     constexpr int kLayers = 8, kContext = 4096;
     const AttentionShape shape{16, 4, 256, 1.0f / 16.0f};
-    const Tensor q = bench.activation(1, 4096, -1, 1);
-    const Tensor out = bench.activation(1, 4096, -1, 1);
-    const Tensor positions = bench.indices({kContext - 1});
     std::vector<Tensor> caches;
     for (int i = 0; i < 2 * kLayers; ++i) caches.push_back(bench.activation(kContext, 1024, -1, 1));
-    const double seconds = bench.time([&] {
-      for (int layer = 0; layer < kLayers; ++layer)
-        backend->attention(out, q, caches[2 * layer], caches[2 * layer + 1], positions, shape);
-    }) / kLayers;
-    const double bytes = 2.0 * kContext * 1024 * 4 + 8.0 * 4096;
-    results.push_back(entry("attention T=1 context 4096 heads 16/4/256", bytes, seconds));
+    for (int rows : {1, 16}) {
+      const Tensor q = bench.activation(rows, 4096, -1, 1);
+      const Tensor out = bench.activation(rows, 4096, -1, 1);
+      std::vector<int32_t> last_positions(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) last_positions[static_cast<size_t>(r)] = kContext - rows + r;
+      const Tensor positions = bench.indices(last_positions);
+      const double seconds = bench.time([&] {
+        for (int layer = 0; layer < kLayers; ++layer)
+          backend->attention(out, q, caches[2 * layer], caches[2 * layer + 1], positions, shape);
+      }) / kLayers;
+      const double bytes = 2.0 * kContext * 1024 * 4 + 8.0 * 4096 * rows;
+      results.push_back(
+          entry(fmt::format("attention T={} context {} heads 16/4/256", rows, kContext), bytes, seconds));
+    }
   }
 
   const char* commit = std::getenv("QSPEC_COMMIT");

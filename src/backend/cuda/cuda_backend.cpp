@@ -265,8 +265,13 @@ class CudaBackend final : public Backend {
     require_shape("attention", "k_cache", k_cache, k_cache.rows, kv_cols);
     require_shape("attention", "v_cache", v_cache, k_cache.rows, kv_cols);
     require_indices("attention", "positions", positions, q.rows);
+    const size_t workspace_bytes =
+        sizeof(float) * attention_workspace_floats(q.rows, shape.num_heads, shape.head_dim, k_cache.rows);
+    // Grows rarely (the first call of a larger shape); cudaFree of the old one waits for its users.
+    if (workspace_bytes > attention_workspace_.bytes()) attention_workspace_ = DeviceMemory(workspace_bytes);
     check_cuda(launch_attention(out, q, k_cache, v_cache, positions, shape.num_heads, shape.num_kv_heads,
-                                shape.head_dim, shape.scale, stream()),
+                                shape.head_dim, shape.scale, static_cast<float*>(attention_workspace_.data()),
+                                stream()),
                "attention");
   }
 
@@ -333,6 +338,7 @@ class CudaBackend final : public Backend {
   int max_shared_bytes_ = 0;
   std::unique_ptr<CudaStream> stream_;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
+  DeviceMemory attention_workspace_;   // partial results of attention's key splits
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "backend/tensor.h"
 
 namespace qspec::cuda {
@@ -40,12 +42,14 @@ struct RopeFrequencies {
 cudaError_t launch_rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim,
                         const RopeFrequencies& frequencies, cudaStream_t stream);
 
-// attention.cu: one block per (query row, head), online softmax in fp32. A position outside the cache gives
-// NaN output rows. head_dim <= kMaxAttentionHeadDim.
+// attention.cu: online softmax in fp32, the keys of each (query row, head) split over blocks when the rows
+// alone do not fill the GPU (flash-decoding). A position outside the cache gives NaN output rows. head_dim <=
+// kMaxAttentionHeadDim. `workspace` holds attention_workspace_floats(...) floats (none when that is 0).
 inline constexpr int kMaxAttentionHeadDim = 256;
+size_t attention_workspace_floats(int64_t rows, int num_heads, int head_dim, int64_t cache_rows);
 cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
-                             float scale, cudaStream_t stream);
+                             float scale, float* workspace, cudaStream_t stream);
 
 // conv1d.cu: kernel sizes 1..kMaxConvKernel.
 inline constexpr int kMaxConvKernel = 8;
