@@ -102,20 +102,8 @@ TEST(CheckpointSchema, TinyModelNamesShapesAndDtypes) {
 }
 
 TEST(CheckpointSchema, Qwen35_4BHas426TextTensorsAnd4_2BParameters) {
-  json text = tiny::tiny_text_config();
-  text.update(json{{"vocab_size", 248320},
-                   {"hidden_size", 2560},
-                   {"intermediate_size", 9216},
-                   {"num_hidden_layers", 32},
-                   {"num_attention_heads", 16},
-                   {"num_key_value_heads", 4},
-                   {"head_dim", 256},
-                   {"linear_num_key_heads", 16},
-                   {"linear_num_value_heads", 32},
-                   {"linear_key_head_dim", 128},
-                   {"linear_value_head_dim", 128}});
   json config = tiny_wrapper_config(true);
-  config["text_config"] = text;
+  config["text_config"] = tiny::qwen35_4b_text_config();
   const std::vector<TensorSpec> schema = text_model_schema(parse(config));
   // reference/qwen35-model.md §1.1-2.1: 426 text tensors, 4,205,751,296 text parameters.
   EXPECT_EQ(schema.size(), 426u);

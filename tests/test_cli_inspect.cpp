@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,38 @@ TEST(CliInspect, BadConfigOrDirectoryIsAnErrorNamingIt) {
   CommandResult missing = run_inspect((dir.path() / "nowhere").string(), "--json");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("nowhere"), std::string::npos) << missing.err;
+}
+
+// The real 4B layout (738 tensors, 8.4 GB of payload, here a sparse file) and its W4A16 g32 version: inspect
+// reads the headers only, so it is instant where touching the payload would take seconds.
+TEST(CliInspect, Qwen35_4BLayoutIsInstant) {
+  for (bool w4a16 : {false, true}) {
+    TempDir dir;
+    json config = tiny::tiny_wrapper_config(true);
+    config["text_config"] = tiny::qwen35_4b_text_config();
+    if (w4a16) config["quantization_config"] = tiny::w4a16_quantization_config(32);
+    std::vector<TensorSpec> specs = text_model_schema(Qwen35Config::parse(config.dump(), "config.json"));
+    for (TensorSpec& spec : tiny::qwen35_4b_skipped_tensors()) specs.push_back(std::move(spec));
+    tiny::write_config(dir.path(), config);
+    tiny::write_header_only_safetensors(dir.path() / "model.safetensors", specs);
+
+    const auto start = std::chrono::steady_clock::now();
+    CommandResult r = run_inspect(dir.str(), "--json");
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_LT(elapsed.count(), 2.0) << "w4a16 " << w4a16;
+    json report = parse_or_null(r.out);
+    ASSERT_TRUE(report.is_object()) << r.out;
+    // 200 quantized linears (MLP 3x32, GDN qkv/z/out 3x24, attention q/k/v/o 4x8) are 3 tensors instead of 1.
+    EXPECT_EQ(report["expected_tensors"], w4a16 ? 426 + 2 * 200 : 426);
+    EXPECT_EQ(report["skipped"]["model.visual."]["count"], 297);
+    EXPECT_EQ(report["skipped"]["mtp."]["count"], 15);
+    EXPECT_EQ(report["text_params"], 4'205'751'296);
+    if (!w4a16) {
+      EXPECT_EQ(specs.size(), 738u);
+      EXPECT_EQ(report["bytes_by_dtype"]["BF16"], 2 * 4'205'751'296);
+    }
+  }
 }
 
 bool is_qwen35_config(const fs::path& config_json) {

@@ -67,6 +67,86 @@ inline nlohmann::json tiny_text_config() {
   })");
 }
 
+// The text config of Qwen/Qwen3.5-4B (reference/qwen35-model.md §1.1).
+inline nlohmann::json qwen35_4b_text_config() {
+  nlohmann::json text = tiny_text_config();
+  text.update(nlohmann::json{{"vocab_size", 248320},
+                             {"hidden_size", 2560},
+                             {"intermediate_size", 9216},
+                             {"num_hidden_layers", 32},
+                             {"num_attention_heads", 16},
+                             {"num_key_value_heads", 4},
+                             {"head_dim", 256},
+                             {"linear_num_key_heads", 16},
+                             {"linear_num_value_heads", 32},
+                             {"linear_key_head_dim", 128},
+                             {"linear_value_head_dim", 128},
+                             {"max_position_embeddings", 262144},
+                             {"eos_token_id", 248044}});
+  text["rope_parameters"]["mrope_section"] = {11, 11, 10};
+  return text;
+}
+
+// The names and shapes of the 4B checkpoint's tensors outside the text model: 297 model.visual.* (shapes
+// abridged) and 15 mtp.* (reference/qwen35-model.md §2.2).
+inline std::vector<TensorSpec> qwen35_4b_skipped_tensors() {
+  std::vector<TensorSpec> specs;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    specs.push_back(TensorSpec{std::move(name), std::move(shape), {DType::BF16}, 0, "dense"});
+  };
+  auto add_weight_bias = [&](const std::string& module, int64_t rows) {
+    add(module + ".weight", {rows, 1024});
+    add(module + ".bias", {rows});
+  };
+  add_weight_bias("model.visual.patch_embed.proj", 1024);
+  add("model.visual.pos_embed.weight", {2304, 1024});
+  for (int i = 0; i < 24; ++i)
+    for (const char* module : {"norm1", "norm2", "attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"})
+      add_weight_bias("model.visual.blocks." + std::to_string(i) + "." + module, 1024);
+  for (const char* module : {"norm", "linear_fc1", "linear_fc2"})
+    add_weight_bias(std::string("model.visual.merger.") + module, 1024);
+  add("mtp.fc.weight", {2560, 5120});
+  for (const char* norm : {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"})
+    add(std::string("mtp.") + norm + ".weight", {2560});
+  const std::string layer = "mtp.layers.0.";
+  add(layer + "input_layernorm.weight", {2560});
+  add(layer + "post_attention_layernorm.weight", {2560});
+  add(layer + "self_attn.q_proj.weight", {8192, 2560});
+  add(layer + "self_attn.k_proj.weight", {1024, 2560});
+  add(layer + "self_attn.v_proj.weight", {1024, 2560});
+  add(layer + "self_attn.o_proj.weight", {2560, 4096});
+  add(layer + "self_attn.q_norm.weight", {256});
+  add(layer + "self_attn.k_norm.weight", {256});
+  add(layer + "mlp.gate_proj.weight", {9216, 2560});
+  add(layer + "mlp.up_proj.weight", {9216, 2560});
+  add(layer + "mlp.down_proj.weight", {2560, 9216});
+  return specs;
+}
+
+// A safetensors file whose header lists `specs` (in the first dtype each allows) and whose payload is a hole:
+// a sparse file of the full size, for layouts too large to write (the 4B's 8.4 GB).
+inline void write_header_only_safetensors(const std::filesystem::path& path,
+                                          const std::vector<TensorSpec>& specs) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const TensorSpec& spec : specs) {
+    uint64_t nbytes = dtype_size(spec.dtypes[0]);
+    for (int64_t d : spec.shape) nbytes *= uint64_t(d);
+    header[spec.name] = {{"dtype", dtype_name(spec.dtypes[0])},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  const std::string text = header.dump();
+  const uint64_t length = text.size();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+    out << text;
+  }
+  std::filesystem::resize_file(path, sizeof(length) + length + offset);
+}
+
 // config.json of Qwen3_5ForConditionalGeneration around tiny_text_config().
 inline nlohmann::json tiny_wrapper_config(bool tied) {
   nlohmann::json text = tiny_text_config();
