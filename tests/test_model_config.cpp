@@ -261,6 +261,16 @@ TEST(ModelConfig, RejectsBadFieldsNamingTheFieldPath) {
       {"/text_config/hidden_size", 64.5, t + "hidden_size: expected a positive integer, got 64.5"},
       {"/text_config/hidden_size", 4294967296,
        t + "hidden_size: expected a positive integer, got 4294967296"},
+      {"/text_config/vocab_size", 1048577,
+       t + "vocab_size: expected a positive integer of at most 1048576, got 1048577"},
+      {"/text_config/num_hidden_layers", 100000,
+       t + "num_hidden_layers: expected a positive integer of at most 4096, got 100000"},
+      {"/text_config/head_dim", 262144,
+       t + "num_attention_heads: 2 x num_attention_heads x head_dim (q_proj rows) = 2097152, "
+           "expected at most 1048576"},
+      {"/text_config/linear_value_head_dim", 262144,
+       t + "linear_num_key_heads: 2 x linear_num_key_heads x linear_key_head_dim + linear_num_value_heads x "
+           "linear_value_head_dim (conv channels) = 1048640, expected at most 1048576"},
       {"/text_config/vocab_size", true, t + "vocab_size: expected a positive integer, got true"},
       {"/text_config/intermediate_size", nullptr,
        t + "intermediate_size: missing (expected a positive integer)"},

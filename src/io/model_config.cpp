@@ -122,19 +122,45 @@ void require_divisible(const ConfigFields& text, std::string_view key, int value
     text.fail_field(key, fmt::format("a multiple of {} ({})", text.path_of(divisor_key), divisor));
 }
 
+// Bounds that keep every tensor size and the parameter count far inside int64 (and every dimension an int),
+// so that an absurd config is an error rather than an overflow or an allocation of the whole memory.
+constexpr int64_t kMaxDimension = 1 << 20;
+constexpr int kMaxLayers = 4096;
+
+int dimension(const ConfigFields& text, std::string_view key, int64_t max = kMaxDimension) {
+  int value = text.positive_int(key);
+  if (value > max) text.fail_field(key, fmt::format("a positive integer of at most {}", max));
+  return value;
+}
+
+// A dimension derived from several fields (q_proj rows, conv channels) must be within bounds too.
+void require_derived_bound(const ConfigFields& text, std::string_view key, std::string_view formula,
+                           int64_t value) {
+  if (value > kMaxDimension)
+    fail("{}: {}: {} = {}, expected at most {}", text.source(), text.path_of(key), formula, value,
+         kMaxDimension);
+}
+
 void read_text_config(const ConfigFields& text, Qwen35Config& config) {
-  config.vocab_size = text.positive_int("vocab_size");
-  config.hidden_size = text.positive_int("hidden_size");
-  config.intermediate_size = text.positive_int("intermediate_size");
-  config.num_layers = text.positive_int("num_hidden_layers");
-  config.num_heads = text.positive_int("num_attention_heads");
-  config.num_kv_heads = text.positive_int("num_key_value_heads");
-  config.head_dim = text.positive_int("head_dim");
-  config.linear_num_key_heads = text.positive_int("linear_num_key_heads");
-  config.linear_num_value_heads = text.positive_int("linear_num_value_heads");
-  config.linear_key_head_dim = text.positive_int("linear_key_head_dim");
-  config.linear_value_head_dim = text.positive_int("linear_value_head_dim");
-  config.conv_kernel = text.positive_int("linear_conv_kernel_dim");
+  config.vocab_size = dimension(text, "vocab_size");
+  config.hidden_size = dimension(text, "hidden_size");
+  config.intermediate_size = dimension(text, "intermediate_size");
+  config.num_layers = dimension(text, "num_hidden_layers", kMaxLayers);
+  config.num_heads = dimension(text, "num_attention_heads");
+  config.num_kv_heads = dimension(text, "num_key_value_heads");
+  config.head_dim = dimension(text, "head_dim");
+  config.linear_num_key_heads = dimension(text, "linear_num_key_heads");
+  config.linear_num_value_heads = dimension(text, "linear_num_value_heads");
+  config.linear_key_head_dim = dimension(text, "linear_key_head_dim");
+  config.linear_value_head_dim = dimension(text, "linear_value_head_dim");
+  config.conv_kernel = dimension(text, "linear_conv_kernel_dim");
+  require_derived_bound(text, "num_attention_heads", "2 x num_attention_heads x head_dim (q_proj rows)",
+                        2 * int64_t(config.num_heads) * config.head_dim);
+  require_derived_bound(text, "linear_num_key_heads",
+                        "2 x linear_num_key_heads x linear_key_head_dim + linear_num_value_heads x "
+                        "linear_value_head_dim (conv channels)",
+                        2 * int64_t(config.linear_num_key_heads) * config.linear_key_head_dim +
+                            int64_t(config.linear_num_value_heads) * config.linear_value_head_dim);
   config.max_position_embeddings =
       text.optional_positive_int("max_position_embeddings").value_or(kDefaultMaxPositionEmbeddings);
   config.rms_norm_eps = static_cast<float>(text.positive_number("rms_norm_eps", kDefaultRmsNormEps));
