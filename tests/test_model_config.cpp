@@ -34,6 +34,14 @@ std::string error_of_text(const std::string& text) {
   }
   return "no error";
 }
+std::string error_of_load(const std::string& dir) {
+  try {
+    Qwen35Config::load(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
 std::string error_of(const json& config) {
   return error_of_text(config.dump());
 }
@@ -198,22 +206,18 @@ TEST(ModelConfig, LoadsConfigJsonFromADirectory) {
   EXPECT_FALSE(c.tie_word_embeddings);
 
   tiny::TempDir empty;
-  try {
-    Qwen35Config::load(empty.str());
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "cannot open " + empty.str() + "/config.json: expected the model's config.json there");
-  }
+  EXPECT_EQ(error_of_load(empty.str()),
+            "cannot open " + empty.str() + "/config.json: expected the model's config.json there");
+
+  tiny::TempDir directory;
+  std::filesystem::create_directory(directory.path() / "config.json");
+  EXPECT_TRUE(error_of_load(directory.str()).starts_with(directory.str() + "/config.json: invalid JSON: "))
+      << error_of_load(directory.str());
+
   tiny::write_config(empty.path(), json{{"architectures", {"LlamaForCausalLM"}}});
-  try {
-    Qwen35Config::load(empty.str());
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "unsupported architecture LlamaForCausalLM in " + empty.str() +
-                                         "/config.json (expected Qwen3_5ForCausalLM or "
-                                         "Qwen3_5ForConditionalGeneration)");
-  }
+  EXPECT_EQ(error_of_load(empty.str()), "unsupported architecture LlamaForCausalLM in " + empty.str() +
+                                            "/config.json (expected Qwen3_5ForCausalLM or "
+                                            "Qwen3_5ForConditionalGeneration)");
 }
 
 TEST(ModelConfig, RejectsOtherArchitecturesAndBadJson) {
@@ -292,6 +296,7 @@ TEST(ModelConfig, RejectsBadFieldsNamingTheFieldPath) {
        t + "max_position_embeddings: expected a positive integer, got 0"},
       {"/text_config/rms_norm_eps", -1, t + "rms_norm_eps: expected a positive number, got -1"},
       {"/text_config/hidden_act", "gelu", t + "hidden_act: expected \"silu\", got \"gelu\""},
+      {"/text_config/hidden_act", 5, t + "hidden_act: expected a string, got 5"},
       {"/text_config/attention_bias", true,
        t + "attention_bias: expected false (Qwen3.5 has no biases), got true"},
       {"/text_config/layer_types", json::array({"linear_attention", "full_attention"}),
