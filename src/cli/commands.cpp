@@ -6,6 +6,7 @@ void register_commands(CLI::App& app) {
   register_inspect(app);
   register_generate(app);
   register_tokenize(app);
+  register_synth(app);
 }
 
 }  // namespace qspec::cli

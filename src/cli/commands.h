@@ -12,5 +12,6 @@ void register_commands(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_synth(CLI::App& app);
 
 }  // namespace qspec::cli
