@@ -20,20 +20,34 @@ int64_t code_points_before(std::string_view text, size_t byte_offset) {
 }  // namespace
 
 std::string python_strip(std::string_view text, const std::optional<std::string>& chars, StripSide side) {
-  std::u32string code_points = decode_utf8(text);
   std::u32string strip_set = chars ? decode_utf8(*chars) : std::u32string();
   auto strippable = [&](char32_t c) {
     return chars ? strip_set.find(c) != std::u32string::npos : is_python_space(c);
   };
+  // Only the code points at the two ends are decoded: contents are usually long and stripped of little.
+  auto code_point_at = [&](size_t begin, size_t end) {
+    return decode_utf8(text.substr(begin, end - begin)).front();
+  };
+  auto is_continuation = [&](size_t at) { return (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80; };
   size_t begin = 0;
-  size_t end = code_points.size();
+  size_t end = text.size();
   if (side != StripSide::kRight) {
-    while (begin < end && strippable(code_points[begin])) ++begin;
+    while (begin < end) {
+      size_t next = begin + 1;
+      while (next < end && is_continuation(next)) ++next;
+      if (!strippable(code_point_at(begin, next))) break;
+      begin = next;
+    }
   }
   if (side != StripSide::kLeft) {
-    while (end > begin && strippable(code_points[end - 1])) --end;
+    while (end > begin) {
+      size_t previous = end - 1;
+      while (previous > begin && is_continuation(previous)) --previous;
+      if (!strippable(code_point_at(previous, end))) break;
+      end = previous;
+    }
   }
-  return encode_utf8(std::u32string_view(code_points).substr(begin, end - begin));
+  return std::string(text.substr(begin, end - begin));
 }
 
 std::vector<std::string> python_split(std::string_view text, const std::optional<std::string>& separator,
