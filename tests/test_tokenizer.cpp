@@ -8,6 +8,8 @@
 #include "test_tokenizer_support.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/nfc.h"
+#include "tokenizer/onig_pattern.h"
+#include "tokenizer/split_regex.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/utf8.h"
 
@@ -186,6 +188,47 @@ TEST(Nfc, ComposesAndReorders) {
   EXPECT_EQ(to_nfc("q\xCC\x87\xCC\xA3"), "q\xCC\xA3\xCC\x87");      // canonical order: dot below first
   EXPECT_EQ(to_nfc("\xE2\x84\xAB"), "Å");                           // Angstrom sign -> A with ring
   EXPECT_EQ(to_nfc(std::string("plain ascii\0x", 13)), std::string("plain ascii\0x", 13));
+}
+
+TEST(Nfc, MarksNewerThanHfsTablesAreStarters) {
+  // U+089F (class 230, Unicode 14) before U+059A (class 222): NFC would swap them; HF does not know U+089F.
+  EXPECT_EQ(to_nfc("a\u089F\u059A"), "a\u089F\u059A");
+  EXPECT_EQ(to_nfc("a\u0301\u059A"), "\u00E1\u059A");   // known marks are still reordered and composed...
+  EXPECT_EQ(to_nfc("e\u089F\u0301"), "e\u089F\u0301");  // ...but not composed across a starter
+  EXPECT_EQ(to_nfc("e\u0301\u089F"), "\u00E9\u089F");
+}
+
+TEST(OnigPattern, TranslatesWhiteSpaceAndNewerUnicode) {
+  EXPECT_EQ(onig_to_pcre2(R"(a\s+(?!\S))"), R"(a\p{White_Space}+(?!\P{White_Space}))");
+  EXPECT_EQ(onig_to_pcre2(R"(\\s)"), R"(\\s)");  // an escaped backslash, then a literal s
+  const std::string outside = onig_to_pcre2(R"(\p{N})");
+  EXPECT_TRUE(outside.starts_with(R"([\p{N}\x{10D40}-\x{10D49})")) << outside;
+  EXPECT_TRUE(outside.ends_with("]")) << outside;
+  const std::string inside = onig_to_pcre2(R"([^\r\n\p{L}\p{N}])");
+  EXPECT_TRUE(inside.starts_with(R"([^\r\n\p{L}\x{1C89}-\x{1C8A})")) << inside;
+  EXPECT_EQ(std::count(inside.begin(), inside.end(), '['), 1) << inside;
+  EXPECT_EQ(onig_to_pcre2(R"([]\s]x)"), R"([]\p{White_Space}]x)");
+}
+
+std::vector<std::string> split_pieces(std::string_view text) {
+  static const SplitRegex qwen_split(
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      "test");
+  std::vector<std::string> pieces;
+  qwen_split.split(text, [&](std::string_view piece) { pieces.emplace_back(piece); });
+  return pieces;
+}
+
+TEST(SplitRegex, SplitsAsHfIncludingNewerUnicodeAndWhiteSpace) {
+  using Pieces = std::vector<std::string>;
+  // Expected pieces are HF's pre_tokenize_str.
+  EXPECT_EQ(split_pieces("Hello, world!  It's 42\n\n"),
+            (Pieces{"Hello", ",", " world", "!", " ", " It", "'s", " ", "4", "2", "\n\n"}));
+  EXPECT_EQ(split_pieces("\u1C89!"), (Pieces{"\u1C89", "!"}));                // a letter since Unicode 16
+  EXPECT_EQ(split_pieces("!\U00010D40x"), (Pieces{"!", "\U00010D40", "x"}));  // a digit since Unicode 16
+  EXPECT_EQ(split_pieces("a\u0897!"), (Pieces{"a\u0897", "!"}));              // a mark since Unicode 16
+  EXPECT_EQ(split_pieces(" \u180E "), (Pieces{" \u180E", " "}));              // U+180E is not White_Space
+  EXPECT_EQ(split_pieces("caf\u00E9\u0301s"), (Pieces{"caf\u00E9\u0301s"}));  // marks join letters (\p{M})
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include "core/error.h"
+#include "tokenizer/onig_pattern.h"
 
 namespace qspec {
 namespace {
@@ -12,29 +13,6 @@ std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
   pcre2_get_error_message(code, buffer, sizeof(buffer));
   return std::string(reinterpret_cast<const char*>(buffer));
-}
-
-// tokenizer.json patterns are written for Oniguruma, where \s is the Unicode White_Space property. PCRE2's \s
-// differs (it also matches U+180E), so \s and \S become the property itself, which works inside classes too.
-std::string onig_to_pcre2(const std::string& pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 32);
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
-      out += pattern[i];
-      continue;
-    }
-    const char escaped = pattern[++i];
-    if (escaped == 's') {
-      out += "\\p{White_Space}";
-    } else if (escaped == 'S') {
-      out += "\\P{White_Space}";
-    } else {
-      out += '\\';
-      out += escaped;
-    }
-  }
-  return out;
 }
 
 }  // namespace

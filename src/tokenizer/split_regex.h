@@ -1,7 +1,7 @@
 // The pre-tokenizer: splits normalized text into the pieces BPE runs on, with the tokenizer's regex in
 // "isolated" mode (every match is a piece, and so is every gap between matches). PCRE2 with UTF + UCP, so
-// \p{L}, \p{N}, \p{M} are Unicode classes as in HF tokenizers' Oniguruma (\s is translated to match it too),
-// JIT-compiled.
+// \p{L}, \p{N}, \p{M} are Unicode classes (the pattern is first translated to match as in HF tokenizers'
+// Oniguruma: onig_pattern.h), JIT-compiled.
 #pragma once
 
 #include <memory>
