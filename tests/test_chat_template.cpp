@@ -105,6 +105,20 @@ TEST(ChatTemplate, ModelDirReadsTokenizerConfigString) {
   EXPECT_EQ(render_chat(ChatTemplate::from_model_dir(dir.path()), hello()), "Hello!");
 }
 
+TEST(ChatTemplate, ModelDirSpecialTokensBecomeVariablesLikeHf) {
+  TempDir dir;
+  dir.write("tokenizer_config.json",
+            R"({"bos_token": "<s>", "eos_token": {"content": "</s>", "special": true},
+                                        "unk_token": null, "chat_template": "{{ bos_token }}|{{ eos_token }}|"})");
+  dir.write("chat_template.jinja",
+            "{{ bos_token }}|{{ eos_token }}|{{ unk_token is defined }}|{{ pad_token }}");
+  ChatTemplate chat = ChatTemplate::from_model_dir(dir.path());
+  EXPECT_EQ(render_chat(chat, hello()), "<s>|</s>|False|");
+  ChatOptions options;
+  options.variables = {{"eos_token", "<eos>"}, {"pad_token", "<pad>"}};
+  EXPECT_EQ(render_chat(chat, hello(), options), "<s>|<eos>|False|<pad>");
+}
+
 TEST(ChatTemplate, NamedTemplatesAreChosenLikeHf) {
   TempDir dir;
   dir.write("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "plain"},

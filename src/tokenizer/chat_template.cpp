@@ -1,6 +1,7 @@
 #include "tokenizer/chat_template.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -49,6 +50,23 @@ std::vector<std::pair<std::string, jinja::Template>> templates_from_field(const 
   return named;
 }
 
+// transformers' special_tokens_map: the named special tokens that are set, as strings.
+nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& config) {
+  nlohmann::ordered_json tokens = nlohmann::ordered_json::object();
+  if (!config.is_object()) return tokens;
+  for (const char* name :
+       {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    if (!config.contains(name)) continue;
+    const auto& token = config[name];
+    if (token.is_string()) {
+      tokens[name] = token;
+    } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
+      tokens[name] = token["content"];  // a serialized AddedToken
+    }
+  }
+  return tokens;
+}
+
 }  // namespace
 
 ChatTemplate::ChatTemplate(std::string_view source, std::string name) {
@@ -63,20 +81,31 @@ ChatTemplate ChatTemplate::from_file(const std::filesystem::path& path) {
 }
 
 ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& directory) {
+  std::filesystem::path tokenizer_config_path = directory / "tokenizer_config.json";
+  nlohmann::ordered_json tokenizer_config = std::filesystem::exists(tokenizer_config_path)
+                                                ? read_json(tokenizer_config_path)
+                                                : nlohmann::ordered_json();
+  std::optional<ChatTemplate> chat;
   std::filesystem::path jinja_file = directory / "chat_template.jinja";
-  if (std::filesystem::exists(jinja_file)) return from_file(jinja_file);
-  for (const char* file_name : {"tokenizer_config.json", "chat_template.json"}) {
-    std::filesystem::path path = directory / file_name;
-    if (!std::filesystem::exists(path)) continue;
-    nlohmann::ordered_json config = read_json(path);
-    if (config.is_object() && config.contains("chat_template")) {
-      return ChatTemplate(templates_from_field(config["chat_template"], path));
+  std::filesystem::path processor_config_path = directory / "chat_template.json";
+  if (std::filesystem::exists(jinja_file)) {
+    chat = from_file(jinja_file);
+  } else if (tokenizer_config.is_object() && tokenizer_config.contains("chat_template")) {
+    chat = ChatTemplate(templates_from_field(tokenizer_config["chat_template"], tokenizer_config_path));
+  } else if (std::filesystem::exists(processor_config_path)) {
+    nlohmann::ordered_json processor_config = read_json(processor_config_path);
+    if (processor_config.is_object() && processor_config.contains("chat_template")) {
+      chat = ChatTemplate(templates_from_field(processor_config["chat_template"], processor_config_path));
     }
   }
-  fail(
-      "{}: no chat template (looked for chat_template.jinja, and a 'chat_template' field in "
-      "tokenizer_config.json and chat_template.json)",
-      directory.string());
+  if (!chat) {
+    fail(
+        "{}: no chat template (looked for chat_template.jinja, and a 'chat_template' field in "
+        "tokenizer_config.json and chat_template.json)",
+        directory.string());
+  }
+  chat->special_tokens_ = special_tokens_of(tokenizer_config);
+  return std::move(*chat);
 }
 
 const jinja::Template& ChatTemplate::select(const ChatOptions& options) const {
@@ -108,6 +137,7 @@ std::string render_chat(const ChatTemplate& chat_template, const nlohmann::order
       {"documents", options.documents},
       {"add_generation_prompt", options.add_generation_prompt},
   };
+  for (const auto& [key, value] : chat_template.special_tokens().items()) variables[key] = value;
   if (options.enable_thinking) variables["enable_thinking"] = *options.enable_thinking;
   for (const auto& [key, value] : options.variables.items()) variables[key] = value;
   return chat_template.select(options).render(variables);

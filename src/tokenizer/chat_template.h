@@ -34,7 +34,8 @@ struct ChatOptions {
   // nullopt leaves `enable_thinking` undefined in the template (HF passes it only when given).
   std::optional<bool> enable_thinking;
   // Further template variables (an object): the tokenizer's special tokens (bos_token, eos_token, ...) as HF
-  // passes them, and kwargs such as date_string or add_vision_id. They override the variables above.
+  // passes them (from_model_dir reads those itself), and kwargs such as date_string or add_vision_id. They
+  // override the variables above.
   nlohmann::ordered_json variables = nlohmann::ordered_json::object();
   // Which of several named templates to use; nullopt picks "tool_use" when tools are given, else "default".
   std::optional<std::string> template_name;
@@ -46,17 +47,23 @@ class ChatTemplate {
   ChatTemplate(std::string_view source, std::string name);
 
   // Loads a model's template as transformers does: chat_template.jinja, else the `chat_template` of
-  // tokenizer_config.json (a string, or a list of {name, template}), else chat_template.json.
+  // tokenizer_config.json (a string, or a list of {name, template}), else chat_template.json. The named
+  // special tokens of tokenizer_config.json (bos_token, eos_token, ...) become template variables, as
+  // apply_chat_template passes them.
   static ChatTemplate from_model_dir(const std::filesystem::path& directory);
   static ChatTemplate from_file(const std::filesystem::path& path);
 
   // HF's choice among named templates (see ChatOptions::template_name).
   const jinja::Template& select(const ChatOptions& options) const;
 
+  // Special tokens passed to every render (a JSON object of strings).
+  const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
+
  private:
   explicit ChatTemplate(std::vector<std::pair<std::string, jinja::Template>> named);
 
   std::vector<std::pair<std::string, jinja::Template>> templates_;
+  nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
 };
 
 // Renders `messages` (a JSON array of message objects). Throws qspec::Error with the template location on

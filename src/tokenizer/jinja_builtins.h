@@ -24,7 +24,7 @@ Value get_item(const Value& object, const Value& key);
 // `object[start:stop:step]`; absent bounds are None.
 Value get_slice(const Value& object, const Value& start, const Value& stop, const Value& step);
 
-// The globals every template sees (range, dict, namespace, raise_exception is the interpreter's).
+// The globals every template sees: range, dict, namespace, raise_exception, strftime_now (local time).
 const Value* find_global(std::string_view name);
 
 }  // namespace qspec::jinja

@@ -13,6 +13,8 @@ namespace qspec::jinja {
 
 namespace {
 
+// jinja2's scoping: the template, each for-loop iteration, each macro call and each block-set body get a
+// scope; `set` writes to the innermost one and lookups walk outwards.
 class Scope {
  public:
   explicit Scope(std::shared_ptr<Scope> parent) : parent_(std::move(parent)) {}
