@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -357,6 +358,28 @@ TEST(FindLinear, AcceptsI32WeightShape) {
   std::memcpy(shape.bytes.data(), values, sizeof(values));
   Checkpoint ck(config, tensors);
   EXPECT_TRUE(find_linear(ck.config, ck.store, m, 128, 64).quantized());
+}
+
+// The W4A16 fixtures were written by compressed-tensors itself (tools/oracle): find_linear accepts every
+// quantized module, including the weight_shape values it reads.
+TEST(FindLinear, AcceptsEveryQuantizedModuleOfTheFixtures) {
+  int checked = 0;
+  const std::filesystem::path fixtures = QSPEC_FIXTURES_DIR "/qwen35";
+  if (std::filesystem::is_directory(fixtures))
+    for (const auto& entry : std::filesystem::directory_iterator(fixtures)) {
+      const Qwen35Config config = Qwen35Config::load(entry.path().string());
+      if (!config.quantization) continue;
+      const TensorStore store = TensorStore::open_dir(entry.path().string());
+      for (const TensorSpec& spec : text_model_schema(config)) {
+        if (!spec.name.ends_with(".weight_packed")) continue;
+        const std::string module =
+            spec.name.substr(0, spec.name.size() - std::string_view(".weight_packed").size());
+        LinearTensors found = find_linear(config, store, module, spec.shape[0], spec.shape[1] * 8);
+        EXPECT_TRUE(found.quantized()) << module;
+        ++checked;
+      }
+    }
+  if (checked == 0) GTEST_SKIP() << "no W4A16 fixture under " << fixtures;
 }
 
 }  // namespace
