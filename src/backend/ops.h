@@ -45,6 +45,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The hardware it runs on, for benchmark records ("NVIDIA H200", the CPU model).
+  virtual std::string device_name() const { return name(); }
 
   // ---- memory
   virtual std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;

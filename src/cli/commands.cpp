@@ -7,6 +7,7 @@ void register_commands(CLI::App& app) {
   register_generate(app);
   register_tokenize(app);
   register_synth(app);
+  register_bench(app);
 }
 
 }  // namespace qspec::cli

@@ -13,5 +13,6 @@ void register_inspect(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_synth(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace qspec::cli

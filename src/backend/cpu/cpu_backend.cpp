@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -44,6 +45,17 @@ void require_contiguous(std::string_view op, std::string_view arg, const Tensor&
 }
 
 }  // namespace
+
+std::string CpuBackend::device_name() const {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "cpu";
+}
 
 std::unique_ptr<Buffer> CpuBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
   if (rows < 0 || cols < 0) fail("alloc: negative shape [{}, {}]", rows, cols);

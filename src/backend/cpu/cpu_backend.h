@@ -13,6 +13,7 @@ namespace qspec::cpu {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  std::string device_name() const override;
 
   std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) override;
   Tensor upload_weight(const TensorView& view, int64_t rows, int64_t cols) override;
