@@ -229,6 +229,7 @@ Value dict_method(const Dict& dict, std::string_view name, CallArguments& args) 
   if (name == "get") {
     auto bound = bind_arguments(args, name, {"key", "default"});
     if (!bound[0]) throw ValueError("get expected at least 1 argument, got 0");
+    require_hashable(*bound[0]);
     const Value* found = dict.find(*bound[0]);
     if (found != nullptr) return *found;
     return bound[1] ? *bound[1] : Value(None{});

@@ -53,6 +53,7 @@ Value Value::dict(std::vector<std::pair<Value, Value>> entries) {
   std::vector<std::pair<Value, Value>> unique;
   unique.reserve(entries.size());
   for (auto& entry : entries) {
+    require_hashable(entry.first);
     auto existing = std::find_if(unique.begin(), unique.end(),
                                  [&](const auto& kept) { return equals(kept.first, entry.first); });
     if (existing != unique.end()) {
@@ -299,6 +300,14 @@ void Namespace::set(const std::string& name, Value value) {
   attributes.emplace_back(name, std::move(value));
 }
 
+void require_hashable(const Value& value) {
+  bool hashable = value.is_list() ? value.as_list().is_tuple : !value.is_dict();
+  if (!hashable) throw ValueError(fmt::format("unhashable type: '{}'", value.type_name()));
+  if (value.is_list()) {
+    for (const Value& item : value.as_list().items) require_hashable(item);
+  }
+}
+
 bool equals(const Value& a, const Value& b) {
   using Kind = Value::Kind;
   if (a.is_number() && b.is_number()) {
@@ -421,6 +430,7 @@ bool contains(const Value& haystack, const Value& needle) {
       return std::any_of(haystack.as_list().items.begin(), haystack.as_list().items.end(),
                          [&](const Value& item) { return equals(item, needle); });
     case Value::Kind::kDict:
+      require_hashable(needle);
       return haystack.as_dict().find(needle) != nullptr;
     case Value::Kind::kNamespace:
       return needle.is_string() && haystack.as_namespace().find(needle.as_string()) != nullptr;

@@ -146,6 +146,8 @@ struct Function {
 
 Value make_function(std::string name, std::function<Value(CallArguments&)> call);
 
+// Whether Python could hash the value (lists and dicts cannot be dict keys); throws the TypeError when not.
+void require_hashable(const Value& value);
 // Python ==.
 bool equals(const Value& a, const Value& b);
 // Python ordering (<0, 0, >0); throws for types Python cannot order.
