@@ -11,6 +11,7 @@
 
 namespace qspec {
 
+// Views a JSON object, which must outlive it (and every ConfigFields made from it by object()).
 class ConfigFields {
  public:
   // `path` is the field path of `object` itself ("" at the top level); throws unless `object` is an object.

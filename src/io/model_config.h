@@ -3,9 +3,11 @@
 //
 // Defaults follow transformers 5.17 (configuration_qwen3_5.py): partial_rotary_factor 0.25, rope_theta 10000,
 // full_attention_interval 4, rms_norm_eps 1e-6, max_position_embeddings 32768. The dimensions have no default
-// here: a config without them is rejected rather than guessed. tie_word_embeddings is read where transformers
-// reads it, at the top level of config.json (default false); for the wrapper, text_config's own value is
-// ignored by transformers and so here too.
+// here: a config without them is rejected rather than guessed. Each dimension (and q_proj rows, conv
+// channels) is at most 2^20 and there are at most 4096 layers, so no tensor size can overflow.
+//
+// tie_word_embeddings is read where transformers reads it, at the top level of config.json (default false);
+// for the wrapper, text_config's own value is ignored by transformers and so here too.
 #pragma once
 
 #include <optional>
