@@ -207,7 +207,7 @@ TEST_F(TokenizerFiles, EachBadFieldIsNamed) {
       {"behavior", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
        "pretokenizers[0].behavior: expected \"Isolated\""},
       {"regex", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(\\p{L}"; },
-       "pre_tokenizer.pretokenizers[0].pattern.Regex: the split regex does not compile"},
+       "pre_tokenizer.pretokenizers[0].pattern.Regex: the split regex \"(\\p{L}\" does not compile"},
       {"string pattern",
        [](json& j) {
          j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", " "}};

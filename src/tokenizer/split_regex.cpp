@@ -30,13 +30,12 @@ struct SplitRegex::Matcher::MatchData {
 SplitRegex::SplitRegex(const std::string& pattern, std::string_view where)
     : code_(std::make_unique<Code>()), where_(where) {
   int error = 0;
-  PCRE2_SIZE error_offset = 0;
+  PCRE2_SIZE error_offset = 0;  // an offset into the translated pattern: not shown
   const std::string translated = onig_to_pcre2(pattern);
   code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                               PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
   if (code_->code == nullptr) {
-    fail("{}: the split regex does not compile (PCRE2, at offset {} of \"{}\"): {}", where_, error_offset,
-         translated, pcre2_message(error));
+    fail("{}: the split regex \"{}\" does not compile (as PCRE2): {}", where_, pattern, pcre2_message(error));
   }
   // JIT is only a speed-up: the interpreter gives the same matches where JIT is unavailable.
   pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE);
