@@ -90,6 +90,12 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
   return w;
 }
 
+// The first `rows` rows of a workspace buffer: ops of a T-token step use views of buffers sized for the
+// largest step.
+Tensor first_rows(const std::unique_ptr<Buffer>& buffer, int64_t rows) {
+  return buffer->tensor().rows_view(0, rows);
+}
+
 }  // namespace
 
 // Activation buffers sized for the largest step seen so far; ops use views of the first T rows.
@@ -191,9 +197,8 @@ void Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
 
 void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out) {
   const int64_t T = x.rows;
-  Tensor gate = ws_->mlp_gate->tensor().rows_view(0, T);
-  Tensor up = ws_->mlp_up->tensor().rows_view(0, T);
-  Tensor act = ws_->mlp_act->tensor().rows_view(0, T);
+  Tensor gate = first_rows(ws_->mlp_gate, T), up = first_rows(ws_->mlp_up, T),
+         act = first_rows(ws_->mlp_act, T);
   backend_.linear(gate, x, layer.mlp_gate);
   backend_.linear(up, x, layer.mlp_up);
   backend_.silu_mul(act, gate, up);
@@ -205,7 +210,7 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   const Qwen35Config& c = config_;
   const int64_t T = x.rows;
   Workspace& ws = *ws_;
-  auto view = [T](const std::unique_ptr<Buffer>& b) { return b->tensor().rows_view(0, T); };
+  auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
   Tensor mixed = view(ws.gdn_mixed), conv = view(ws.gdn_conv), z = view(ws.gdn_z);
   Tensor b = view(ws.gdn_b), a = view(ws.gdn_a), beta = view(ws.gdn_beta), g = view(ws.gdn_g);
   Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
@@ -227,7 +232,7 @@ void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& 
   const Qwen35Config& c = config_;
   const int64_t T = x.rows;
   Workspace& ws = *ws_;
-  auto view = [T](const std::unique_ptr<Buffer>& b) { return b->tensor().rows_view(0, T); };
+  auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
   Tensor qg = view(ws.attn_qg), q = view(ws.attn_q), gate = view(ws.attn_gate);
   Tensor k = view(ws.attn_k), v = view(ws.attn_v), o = view(ws.attn_out);
   Tensor positions = view(ws.positions);
@@ -264,14 +269,14 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
 
   std::vector<int32_t> positions(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = int32_t(state.n_past + t);
-  backend_.write(ws.ids->tensor().rows_view(0, T), tokens.data());
-  backend_.write(ws.positions->tensor().rows_view(0, T), positions.data());
+  backend_.write(first_rows(ws.ids, T), tokens.data());
+  backend_.write(first_rows(ws.positions, T), positions.data());
 
-  Tensor x = ws.x->tensor().rows_view(0, T);
-  Tensor normed = ws.normed->tensor().rows_view(0, T);
-  Tensor mixer_out = ws.mixer_out->tensor().rows_view(0, T);
-  Tensor mlp_out = ws.mlp_out->tensor().rows_view(0, T);
-  backend_.embed(x, weights_.embed, ws.ids->tensor().rows_view(0, T));
+  Tensor x = first_rows(ws.x, T);
+  Tensor normed = first_rows(ws.normed, T);
+  Tensor mixer_out = first_rows(ws.mixer_out, T);
+  Tensor mlp_out = first_rows(ws.mlp_out, T);
+  backend_.embed(x, weights_.embed, first_rows(ws.ids, T));
 
   ForwardOutput output;
   output.hidden.resize(options.hidden_layers.size());
@@ -288,7 +293,7 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
     backend_.add(x, x, mlp_out);
     for (size_t h = 0; h < options.hidden_layers.size(); ++h) {
       if (options.hidden_layers[h] != i) continue;
-      output.hidden[h] = ws.hidden[h]->tensor().rows_view(0, T);
+      output.hidden[h] = first_rows(ws.hidden[h], T);
       backend_.copy(output.hidden[h], x);
     }
   }
@@ -298,7 +303,7 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
     Tensor rows = x.rows_view(T - logit_rows, logit_rows);
     Tensor head_in = normed.rows_view(0, logit_rows);
     backend_.rmsnorm(head_in, rows, weights_.final_norm, c.rms_norm_eps, true);
-    output.logits = ws.logits->tensor().rows_view(0, logit_rows);
+    output.logits = first_rows(ws.logits, logit_rows);
     backend_.linear(output.logits, head_in, weights_.lm_head);
   }
   return output;
