@@ -115,6 +115,19 @@ TEST(Tokenizer, EmbeddedNulIsText) {
   EXPECT_EQ(qwen_tokenizer().decode(qwen_tokenizer().encode(text)), text);
 }
 
+TEST(ParseTokenIds, AcceptsCommaSeparatedIdsAndNamesTheBadOne) {
+  EXPECT_EQ(parse_token_ids("1,22, 333 ,0", "--ids"), (std::vector<TokenId>{1, 22, 333, 0}));
+  for (const char* bad : {"", "1,,2", "1,-2", "x", "1.5", "99999999999", "1,2,"}) {
+    try {
+      parse_token_ids(bad, "--ids");
+      ADD_FAILURE() << "no error for \"" << bad << "\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--ids: expected comma-separated token ids"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(StreamDecoder, HoldsACutCharacterUntilItIsComplete) {
   const Tokenizer& t = qwen_tokenizer();
   const std::vector<TokenId> ids = t.encode("🫠");

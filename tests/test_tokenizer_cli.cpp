@@ -69,6 +69,7 @@ TEST(TokenizeCli, BadInputIsOneClearError) {
       {kModel + " --text a --decode 1", "exactly one of --text, --file, --decode"},
       {kModel, "exactly one of --text, --file, --decode"},
       {kModel + " --file /nonexistent.txt", "--file /nonexistent.txt: cannot open"},
+      {kModel + " --decode 1 --bench 2", "--bench: times encoding; give --text or --file"},
       {kModel + " --text \"$(printf 'a\\377')\"", "the text to encode is not valid UTF-8"},
   };
   for (const auto& [arguments, message] : cases) {

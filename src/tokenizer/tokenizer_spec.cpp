@@ -12,7 +12,6 @@
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
-#include "tokenizer/utf8.h"
 
 namespace qspec {
 namespace {
@@ -181,7 +180,6 @@ void read_added_tokens(const Fields& f, const json& root, const TextToId& vocab_
         static_cast<TokenId>(f.integer(f.member(token, "id", field + ".id"), field + ".id", 0, kMaxTokenId));
     entry.content = f.string(f.member(token, "content", field + ".content"), field + ".content");
     if (entry.content.empty()) f.bad(field + ".content", "a non-empty string");
-    utf8::require_valid(entry.content, fmt::format("{}: {}.content", spec.tokenizer_json_path, field));
     const json& special = f.optional_member(token, "special");
     entry.special = !special.is_null() && f.boolean(special, field + ".special");
     for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"}) {
