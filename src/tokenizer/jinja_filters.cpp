@@ -130,7 +130,7 @@ Value filter_first(const Value& input, CallArguments& args) {
 
 Value filter_last(const Value& input, CallArguments& args) {
   bind_arguments(args, "last", {});
-  std::vector<Value> items = iterate(input.require_defined());
+  std::vector<Value> items = iterate(input);
   if (items.empty()) return Value::undefined("No last item, sequence was empty.");
   return items.back();
 }
@@ -375,6 +375,7 @@ Value filter_unique(const Value& input, CallArguments& args) {
   std::vector<Value> out;
   for (const Value& item : iterate(input)) {
     Value key = sort_key(item, b[1], flag(b[0]));
+    require_hashable(key);  // jinja2 collects the keys in a set
     if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) {
       seen.push_back(key);
       out.push_back(item);

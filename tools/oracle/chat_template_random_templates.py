@@ -37,7 +37,8 @@ TEXTS = ["", " ", "  ", "\n", " \n ", "\t", "a", "b c", "\n\n", "  x  \n", "\n  
 START = ["", "-", "+"]
 END_BLOCK = ["", "-", "+"]
 END_VARIABLE = ["", "-"]
-FILTERS = ["string", "trim", "upper", "lower", "length", "tojson", "default('d')", "first", "list", "capitalize"]
+FILTERS = ["string", "trim", "upper", "lower", "length", "tojson", "default('d')", "first", "list", "capitalize",
+           "replace('a', 'b')", "title", "reverse|list", "last", "unique|list", "join(',')", "trim('x')", "center(9)"]
 CONTAINERS = ["messages[1].content", "[1, 2, 3]", "{'k': 1}", "empty"]
 
 
@@ -51,6 +52,14 @@ def atom(rng, in_loop):
         "missing", "messages|length", "messages[0].role", "messages[-1].content", "messages[1]['content']",
         "messages[2].tool_calls[0].arguments", "[1, 'two', none]", "{'k': 'v', 'n': 2}", "(1, 2)",
         "messages[0].content|trim", "range(3)|list", "'a,b'.split(',')", "namespace(v=1).v",
+        "messages[1].content[::-1]", "messages[1].content[2:5]", "messages[1].content.split(' ')",
+        "'  pad '.strip()", "messages[0].content.rstrip('\\n')", "messages|selectattr('role', 'equalto', 'user')|list",
+        "messages[2].tool_calls[0].arguments|items|list", "messages[2].tool_calls[0].arguments|tojson(indent=2)",
+        "messages|map(attribute='role')|join('|')", "{'b': 1, 'a': 2}|dictsort", "[3, 1, 2]|sort", "ratio|round(1)",
+        "count|float", "'7'|int", "messages[1].content|wordcount", "'x\\ny'|indent(2)", "messages[2].content.split('</think>')[-1].lstrip('\\n')",
+        "messages[1].content.startswith('H')", "messages|rejectattr('role', 'equalto', 'system')|map(attribute='role')|list",
+        "(messages|last).role", "messages[0].get('role')", "messages[2].tool_calls[0].arguments.get('zz', 'dflt')",
+        "'{} and {}'.format(count, ratio)", "[1, [2, 3]]|tojson", "'ÉTÉ'|lower", "'a-b c'|title", "count ** 2", "-ratio|abs",
     ]
     if in_loop:
         atoms += ["loop.index", "loop.index0", "loop.first", "loop.last", "loop.length", "loop.revindex", "item",
