@@ -32,6 +32,8 @@ SNIPPETS = [
     ("{% raw %}{{ not evaluated }}{% endraw %}|{%- raw -%}  {% x %}  {%- endraw %}|", {}, False),
     ("{# only a comment #}\n", {}, False),
     ("\t{% for i in [1,2] %}\n\t{{ i }}\n\t{% endfor %}\n", {}, False),
+    ("\u00a0{% if true %}x{% endif %}|a\u3000 {%- if true %}b{% endif %}|\n\u2003{# c #}\u2003\n", {}, False),
+    ("{{ '\u00a0x\u2028'|trim }}|{{ 'a\u00a0b'.split() }}|{{ '\u00e9t\u00e9'|capitalize }}", {}, False),
     ("{{ 1 }}  {% if true %}\n x{% endif %}", {}, False),
     # literals and printing
     ("{{ [1, 'a', none, true, 1.5, {'k': (1,)}] }}", {}, False),
