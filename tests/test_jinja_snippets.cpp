@@ -22,7 +22,8 @@ TEST(JinjaSnippets, RenderLikeJinja2) {
     SCOPED_TRACE(source);
     if (snippet.contains("expected")) {
       try {
-        EXPECT_EQ(Template(source, "snippet").render(snippet["variables"]), snippet["expected"].get<std::string>());
+        EXPECT_EQ(Template(source, "snippet").render(snippet["variables"]),
+                  snippet["expected"].get<std::string>());
       } catch (const Error& error) {
         ADD_FAILURE() << "unexpected error: " << error.what();
       }

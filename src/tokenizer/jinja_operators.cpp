@@ -13,7 +13,9 @@ namespace {
                                left.type_name(), right.type_name()));
 }
 
-[[noreturn]] void overflow() { throw ValueError("integer overflow (values beyond 64 bits are not supported)"); }
+[[noreturn]] void overflow() {
+  throw ValueError("integer overflow (values beyond 64 bits are not supported)");
+}
 
 int64_t add(int64_t a, int64_t b) {
   int64_t result = 0;
