@@ -49,21 +49,29 @@ Value Value::dict(std::vector<std::pair<Value, Value>> entries) {
     depth = std::max({depth, key.depth(), value.depth()});
     holds_reference = holds_reference || key.holds_reference() || value.holds_reference();
   }
-  // Later duplicates replace earlier ones in place, as in a Python dict literal.
-  std::vector<std::pair<Value, Value>> unique;
-  unique.reserve(entries.size());
+  // Later duplicates replace earlier ones in place, as in a Python dict literal. A str never equals a
+  // non-str in Python, so string keys are deduplicated by hash and the (rare) others by comparison.
+  Dict dict{{}, check_depth(depth + 1), holds_reference, {}};
+  dict.entries.reserve(entries.size());
   for (auto& entry : entries) {
     require_hashable(entry.first);
-    auto existing = std::find_if(unique.begin(), unique.end(),
-                                 [&](const auto& kept) { return equals(kept.first, entry.first); });
-    if (existing != unique.end()) {
-      existing->second = std::move(entry.second);
+    if (entry.first.is_string()) {
+      auto [position, inserted] = dict.string_keys.emplace(entry.first.as_string(), dict.entries.size());
+      if (!inserted) {
+        dict.entries[position->second].second = std::move(entry.second);
+        continue;
+      }
     } else {
-      unique.push_back(std::move(entry));
+      auto existing = std::find_if(dict.entries.begin(), dict.entries.end(),
+                                   [&](const auto& kept) { return equals(kept.first, entry.first); });
+      if (existing != dict.entries.end()) {
+        existing->second = std::move(entry.second);
+        continue;
+      }
     }
+    dict.entries.push_back(std::move(entry));
   }
-  return Value(
-      std::make_shared<const Dict>(Dict{std::move(unique), check_depth(depth + 1), holds_reference}));
+  return Value(std::make_shared<const Dict>(std::move(dict)));
 }
 
 Value make_function(std::string name, std::function<Value(CallArguments&)> call) {
@@ -277,6 +285,10 @@ std::string Value::repr() const {
 }
 
 const Value* Dict::find(const Value& key) const {
+  if (key.is_string()) {
+    auto found = string_keys.find(key.as_string());
+    return found == string_keys.end() ? nullptr : &entries[found->second].second;
+  }
   for (const auto& [entry_key, entry_value] : entries) {
     if (equals(entry_key, key)) return &entry_value;
   }

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -125,6 +126,8 @@ struct Dict {
   std::vector<std::pair<Value, Value>> entries;
   int depth = 1;
   bool holds_reference = false;
+  // Where each string key is in `entries`, so that large JSON objects are built and read in linear time.
+  std::unordered_map<std::string, size_t> string_keys;
   const Value* find(const Value& key) const;
 };
 
