@@ -1,7 +1,7 @@
 #include "tokenizer/bpe.h"
 
+#include <algorithm>
 #include <mutex>
-#include <queue>
 
 #include "core/error.h"
 
@@ -23,7 +23,7 @@ struct Candidate {
   int32_t rank;
   int32_t position;
   TokenId merged;
-  // std::priority_queue pops the greatest: make that the lowest rank, then the leftmost position.
+  // Heaps pop the greatest: make that the lowest rank, then the leftmost position.
   bool operator<(const Candidate& other) const {
     return rank != other.rank ? rank > other.rank : position > other.position;
   }
@@ -32,7 +32,7 @@ struct Candidate {
 }  // namespace
 
 Bpe::Bpe(std::vector<std::string> vocab, const std::vector<BpeMerge>& merges, bool ignore_merges)
-    : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
+    : vocab_(std::move(vocab)), merges_(merges.size()), ignore_merges_(ignore_merges) {
   token_of_bytes_.reserve(vocab_.size());
   for (size_t id = 0; id < vocab_.size(); ++id) token_of_bytes_.emplace(vocab_[id], static_cast<TokenId>(id));
   for (unsigned byte = 0; byte < 256; ++byte) {
@@ -41,10 +41,9 @@ Bpe::Bpe(std::vector<std::string> vocab, const std::vector<BpeMerge>& merges, bo
     if (!token) fail("model.vocab has no token for byte 0x{:02X}", byte);
     byte_token_[byte] = *token;
   }
-  merges_.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const BpeMerge& merge = merges[rank];
-    merges_[pair_key(merge.left, merge.right)] = {static_cast<int32_t>(rank), merge.merged};
+    merges_.insert_or_assign(merge.left, merge.right, {static_cast<int32_t>(rank), merge.merged});
   }
 }
 
@@ -87,31 +86,38 @@ void Bpe::encode_piece(std::string_view piece, std::vector<TokenId>& out) const 
 }
 
 void Bpe::merge_bytes(std::string_view piece, std::vector<TokenId>& out) const {
+  // Scratch space reused across calls: most pieces are a few bytes, and allocating per piece would dominate.
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Candidate>
+      candidates;  // a heap: std::pop_heap yields the lowest rank, then leftmost
   const auto count = static_cast<int32_t>(piece.size());
-  std::vector<Symbol> symbols(piece.size());
+  symbols.resize(piece.size());
+  candidates.clear();
   for (int32_t i = 0; i < count; ++i) {
     symbols[i] = {byte_token_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < count ? i + 1 : -1,
                   false};
   }
-  std::priority_queue<Candidate> candidates;
   const auto consider = [&](int32_t left) {
     const int32_t right = symbols[left].next;
     if (right < 0) return;
-    const auto found = merges_.find(pair_key(symbols[left].id, symbols[right].id));
-    if (found != merges_.end()) candidates.push({found->second.rank, left, found->second.merged});
+    if (const MergeTable::Merge* merge = merges_.find(symbols[left].id, symbols[right].id)) {
+      candidates.push_back({merge->rank, left, merge->merged});
+      std::push_heap(candidates.begin(), candidates.end());
+    }
   };
   for (int32_t i = 0; i + 1 < count; ++i) consider(i);
 
   while (!candidates.empty()) {
-    const Candidate top = candidates.top();
-    candidates.pop();
+    std::pop_heap(candidates.begin(), candidates.end());
+    const Candidate top = candidates.back();
+    candidates.pop_back();
     Symbol& left = symbols[top.position];
     // Stale candidates: the left symbol was merged into its neighbour, or the pair changed since it was
     // queued.
     if (left.merged_away || left.next < 0) continue;
     Symbol& right = symbols[left.next];
-    const auto current = merges_.find(pair_key(left.id, right.id));
-    if (current == merges_.end() || current->second.merged != top.merged) continue;
+    const MergeTable::Merge* current = merges_.find(left.id, right.id);
+    if (current == nullptr || current->merged != top.merged) continue;
 
     left.id = top.merged;
     right.merged_away = true;

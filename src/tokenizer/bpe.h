@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tokenizer/merge_table.h"
 #include "tokenizer/token_id.h"
 
 namespace qspec {
@@ -36,13 +37,6 @@ class Bpe {
   const std::string& token_bytes(TokenId id) const { return vocab_[static_cast<size_t>(id)]; }
 
  private:
-  struct MergeResult {
-    int32_t rank;
-    TokenId merged;
-  };
-  static uint64_t pair_key(TokenId left, TokenId right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-  }
   void merge_bytes(std::string_view piece, std::vector<TokenId>& out) const;
 
   struct StringHash {
@@ -53,7 +47,7 @@ class Bpe {
 
   std::vector<std::string> vocab_;
   TokenId byte_token_[256];
-  std::unordered_map<uint64_t, MergeResult> merges_;
+  MergeTable merges_;
   bool ignore_merges_;
   std::unordered_map<std::string_view, TokenId> token_of_bytes_;  // views into vocab_
 
