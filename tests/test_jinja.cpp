@@ -45,6 +45,36 @@ TEST(Jinja, RendersTheConstructsChatTemplatesUse) {
   EXPECT_EQ(render(source, variables), "> user:hi! 1 [\"user\"]");
 }
 
+TEST(Jinja, WhitespaceControlAndHfBlockTrimming) {
+  EXPECT_EQ(render("  {% if true %}\n  x\n  {% endif %}\n"), "  x\n");  // lstrip_blocks + trim_blocks
+  EXPECT_EQ(render("a  {{- 'b' -}}  c"), "abc");
+  EXPECT_EQ(render("a {{ 'b' }}\n c"), "a b\n c");  // no trimming after '}}'
+  EXPECT_EQ(render("{% if true +%}\ny{% endif %}"), "\ny");
+  EXPECT_EQ(render("x  {%+ if true %}y{% endif %}"), "x  y");
+  EXPECT_EQ(render("{# comment #}\nz\n"), "z");  // the template's final newline is dropped
+}
+
+TEST(Jinja, LoopVariables) {
+  EXPECT_EQ(render("{% for x in 'abc' %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first }}"
+                   "{{ loop.last }}{{ loop.length }}{{ loop.previtem }}{{ loop.nextitem }};{% endfor %}"),
+            "103TrueFalse3b;212FalseFalse3ac;321FalseTrue3b;");
+  EXPECT_EQ(
+      render("{% for x in [1, 2, 3, 4] if x is odd %}{{ x }}/{{ loop.length }} {% else %}none{% endfor %}"),
+      "1/2 3/2 ");
+  EXPECT_EQ(
+      render("{% for k, v in {'a': 1, 'b': 2} | items %}{% if k == 'b' %}{% break %}{% endif %}{{ k }}{{ v }}"
+             "{% endfor %}{% for x in [] %}x{% else %}empty{% endfor %}"),
+      "a1empty");
+}
+
+TEST(Jinja, MacrosTakeDefaultsAndKeywords) {
+  EXPECT_EQ(
+      render("{% macro m(a, b='B') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(1, 2) }}{{ m(b=3, a=4) }}"),
+      "1B1243");
+  EXPECT_EQ(error_of("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"),
+            "t.jinja:1:34: m(): macro 'm' takes not more than 1 argument(s)");
+}
+
 TEST(Jinja, UnknownFilterNamesItAndItsLine) {
   EXPECT_EQ(error_of("line one\n  {{ messages | nosuch }}"), "t.jinja:2:17: unknown filter 'nosuch'");
 }
