@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "test_tokenizer_support.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/merge_table.h"
 #include "tokenizer/nfc.h"
 #include "tokenizer/onig_pattern.h"
 #include "tokenizer/split_regex.h"
@@ -193,6 +194,20 @@ TEST(ByteLevel, MapsEveryByteToOneCodePointAndBack) {
   EXPECT_EQ(byte_level::decode(encoded), all_bytes);
   EXPECT_FALSE(byte_level::decode("中").has_value());
   EXPECT_FALSE(byte_level::decode(" ").has_value());  // a space is not in the alphabet; Ġ stands for it
+}
+
+TEST(MergeTable, FindsPairsAndALaterDuplicateReplaces) {
+  MergeTable table(1000);
+  for (TokenId i = 0; i < 1000; ++i) table.insert_or_assign(i, i + 1, {i, 5000 + i});
+  table.insert_or_assign(7, 8, {99, 42});
+  for (TokenId i = 0; i < 1000; ++i) {
+    const MergeTable::Merge* merge = table.find(i, i + 1);
+    ASSERT_NE(merge, nullptr) << i;
+    EXPECT_EQ(merge->merged, i == 7 ? 42 : 5000 + i);
+  }
+  EXPECT_EQ(table.find(1, 0), nullptr);
+  EXPECT_EQ(table.find(0, 0), nullptr);
+  EXPECT_EQ(table.find(2147483647, 2147483647), nullptr);
 }
 
 TEST(Nfc, ComposesAndReorders) {
