@@ -6,6 +6,7 @@ and a prompt of at least 8,192 tokens (the first HF tokens of it, decoded). For 
 Writes bench/results/tokenizer_<UTC time>.json with machine info and the commit.
 
 Run: /work/tok-venv/bin/python bench/tokenizer_bench.py --qspec build/qspec [--repeats 20]
+     (where the tree has no .git, set QSPEC_COMMIT to the commit the binary was built at)
 """
 
 import argparse
@@ -99,7 +100,9 @@ def main():
                          "speedup_best": hf_timing["best_s"] / qspec_timing["best_s"],
                          "speedup_first": hf_timing["first_s"] / qspec_timing["first_s"]}
 
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    # The GPU machine gets a copy of the tree without .git: the caller names the commit there.
+    commit = git.stdout.strip() if git.returncode == 0 else os.environ.get("QSPEC_COMMIT", "unknown")
     now = datetime.datetime.now(datetime.timezone.utc)
     record = {"benchmark": "tokenizer encode, single thread", "time_utc": now.isoformat(timespec="seconds"),
               "commit": commit, "machine": machine(), "hf_tokenizers_version": tokenizers.__version__,
