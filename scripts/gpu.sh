@@ -18,11 +18,11 @@ BUNDLE=$BUILD/gpu-bundle
 pack() {
   export PATH="$PATH:/usr/local/cuda/bin"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-  cmake --build "$BUILD" -j2 --target qspec_cuda_tests qspec_cuda_bench
+  cmake --build "$BUILD" -j2 --target qspec qspec_cuda_tests qspec_cuda_bench
   rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
-  cp "$BUILD/tests/cuda/qspec_cuda_tests" "$BUILD/tests/cuda/qspec_cuda_bench" "$BUNDLE/"
+  cp "$BUILD/qspec" "$BUILD/tests/cuda/qspec_cuda_tests" "$BUILD/tests/cuda/qspec_cuda_bench" "$BUNDLE/"
   # Shared libraries of the Debian build that the GPU machine's image does not have.
-  for program in "$BUNDLE/qspec_cuda_tests" "$BUNDLE/qspec_cuda_bench"; do
+  for program in "$BUNDLE/qspec" "$BUNDLE/qspec_cuda_tests" "$BUNDLE/qspec_cuda_bench"; do
     ldd "$program" | awk '/libfmt|libutf8proc|libpcre2/ {print $3}' | xargs -r -I{} cp -L {} "$BUNDLE/"
   done
   local commit
@@ -48,6 +48,15 @@ run_on_gpu() {
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   timeout 200 "$sanitizer" --tool memcheck --error-exitcode 3 "$BUNDLE/qspec_cuda_tests" \
     --gtest_brief=1 --gtest_filter='CudaOps.*' >"$OUT/memcheck.log" 2>&1 || memcheck_status=$?
+  # Model steps on the synthetic Qwen3.5-4B (exact layout, random weights), W4A16 g32 and BF16.
+  local model_status=0
+  for format in ${QSPEC_BENCH_FORMATS:-w4a16-g32 bf16}; do
+    local dir=/tmp/qwen3.5-4b-$format
+    { "$BUNDLE/qspec" synth --arch qwen3.5-4b --format "$format" --out "$dir" &&
+      "$BUNDLE/qspec" inspect --model "$dir" &&
+      "$BUNDLE/qspec" bench --model "$dir" --backend cuda --prefill "${QSPEC_BENCH_PREFILL:-64,2048}" \
+        --out "$OUT/steps"; } 2>&1 | tee "$OUT/steps-$format.log" || model_status=$?
+  done
   python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
@@ -79,8 +88,9 @@ except (OSError, ValueError) as e:
     print(f"no timings: {e}")
 PY
   echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
-  echo "tests exit $tests_status, bench exit $bench_status"
-  [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ]
+  for log in "$OUT"/steps-*.log; do grep -A8 '^step ' "$log" | grep -v '^recorded' || true; done
+  echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status"
+  [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ] && [ "$model_status" -eq 0 ]
 }
 
 record() {
@@ -91,6 +101,7 @@ record() {
   for name in cuda_checks cuda_bench; do
     [ -f "$from/$name.json" ] && cp "$from/$name.json" "bench/results/$stamp-h200-$name.json"
   done
+  [ -d "$from/steps" ] && cp "$from"/steps/*.json bench/results/
   ls bench/results | grep "$stamp"
 }
 

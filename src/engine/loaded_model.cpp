@@ -1,12 +1,21 @@
 #include "engine/loaded_model.h"
 
 #include "core/error.h"
+#if QSPEC_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace qspec {
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return make_cpu_backend();
-  fail("--backend: unknown or unavailable backend '{}' (available: cpu)", name);
+#if QSPEC_HAVE_CUDA
+  if (name == "cuda") return make_cuda_backend();
+  constexpr const char* available = "cpu, cuda";
+#else
+  constexpr const char* available = "cpu (built without CUDA)";
+#endif
+  fail("--backend: unknown or unavailable backend '{}' (available: {})", name, available);
 }
 
 LoadedModel LoadedModel::open(const std::string& dir, const std::string& backend_name) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 
@@ -56,6 +57,7 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
 
   const int64_t conv_dim = c.conv_dim(), value_dim = c.linear_value_dim(), nv = c.linear_num_value_heads;
   const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  Progress progress("loading weights", c.num_layers, "layers");
   for (int i = 0; i < c.num_layers; ++i) {
     auto name = [&](std::string_view suffix) { return layer_module(c, i, suffix); };
     Qwen35Layer layer;
@@ -86,7 +88,9 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
       layer.k_norm = vector_weight(backend, store, name("self_attn.k_norm.weight"), c.head_dim);
     }
     w.layers.push_back(std::move(layer));
+    progress.advance(1);
   }
+  progress.finish();
   return w;
 }
 

@@ -90,10 +90,14 @@ class CudaBackend final : public Backend {
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&max_shared_bytes_, cudaDevAttrMaxSharedMemoryPerBlock, device),
                "cudaDeviceGetAttribute(max shared memory per block)");
+    cudaDeviceProp properties{};
+    check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+    device_name_ = properties.name;
     stream_ = std::make_unique<CudaStream>();
   }
 
   std::string name() const override { return "cuda"; }
+  std::string device_name() const override { return device_name_; }
 
   std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) override {
     if (rows < 0 || cols < 0) fail("alloc: negative shape [{}, {}]", rows, cols);
@@ -335,6 +339,7 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream() const { return stream_->get(); }
 
+  std::string device_name_;
   int max_shared_bytes_ = 0;
   std::unique_ptr<CudaStream> stream_;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
