@@ -41,7 +41,7 @@ run_on_gpu() {
   local tests_status=0 bench_status=0
   QSPEC_CUDA_CHECKS_JSON="$OUT/cuda_checks.json" "$BUNDLE/qspec_cuda_tests" --gtest_brief=1 2>&1 |
     tee "$OUT/cuda_tests.log" || tests_status=$?
-  "$BUNDLE/qspec_cuda_bench" "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/cuda_bench.log" || bench_status=$?
+  "$BUNDLE/qspec_cuda_bench" "$OUT/cuda_bench.json" 2>&1 || bench_status=$?
   # Out-of-bounds / uninitialised accesses in the kernels: the op tests once more under compute-sanitizer.
   local memcheck_status=0
   local sanitizer
@@ -55,7 +55,7 @@ run_on_gpu() {
     { "$BUNDLE/qspec" synth --arch qwen3.5-4b --format "$format" --out "$dir" &&
       "$BUNDLE/qspec" inspect --model "$dir" &&
       "$BUNDLE/qspec" bench --model "$dir" --backend cuda --prefill "${QSPEC_BENCH_PREFILL:-64,2048}" \
-        --out "$OUT/steps"; } 2>&1 | tee "$OUT/steps-$format.log" || model_status=$?
+        --out "$OUT"; } 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
   done
   python3 - "$OUT" <<'PY'
 import json, sys, pathlib
@@ -88,7 +88,7 @@ except (OSError, ValueError) as e:
     print(f"no timings: {e}")
 PY
   echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
-  for log in "$OUT"/steps-*.log; do grep -A8 '^step ' "$log" | grep -v '^recorded' || true; done
+  grep -A8 '^step ' "$OUT/steps.log" | grep -v '^recorded' || true
   echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status"
   [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ] && [ "$model_status" -eq 0 ]
 }
@@ -101,7 +101,7 @@ record() {
   for name in cuda_checks cuda_bench; do
     [ -f "$from/$name.json" ] && cp "$from/$name.json" "bench/results/$stamp-h200-$name.json"
   done
-  [ -d "$from/steps" ] && cp "$from"/steps/*.json bench/results/
+  cp "$from"/*-cuda-*.json bench/results/ 2>/dev/null || true
   ls bench/results | grep "$stamp"
 }
 
