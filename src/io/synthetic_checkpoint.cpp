@@ -87,6 +87,28 @@ json qwen35_4b_config() {
           {"vision_config", vision}};
 }
 
+// A tiny Qwen3.5 with the real 248,320-entry vocabulary, for demos and text tests on the CPU: the 4B's layer
+// pattern, partial rotary factor and head ratios at hidden size 64, four layers.
+json qwen35_tiny_config() {
+  json config = qwen35_4b_config();
+  json& text = config["text_config"];
+  text["hidden_size"] = 64;
+  text["intermediate_size"] = 128;
+  text["num_hidden_layers"] = 4;
+  text["layer_types"] = {"linear_attention", "linear_attention", "linear_attention", "full_attention"};
+  text["num_attention_heads"] = 4;
+  text["num_key_value_heads"] = 1;
+  text["head_dim"] = 32;
+  text["linear_num_key_heads"] = 2;
+  text["linear_num_value_heads"] = 4;
+  text["linear_key_head_dim"] = 16;
+  text["linear_value_head_dim"] = 16;
+  text["max_position_embeddings"] = 32768;
+  text["mtp_num_hidden_layers"] = 0;
+  config.erase("vision_config");
+  return config;
+}
+
 // compressed-tensors W4A16 as llm-compressor writes it: every Linear of the language model except the 32-row
 // GDN b/a projections; the vision tower and the MTP head stay dense.
 json w4a16_quantization_config(int group_size) {
@@ -178,7 +200,7 @@ DType dense_dtype(const std::string& name) {
                                                                                           : DType::BF16;
 }
 
-std::vector<SynthTensor> checkpoint_tensors(const Qwen35Config& config) {
+std::vector<SynthTensor> checkpoint_tensors(const Qwen35Config& config, bool with_skipped_tensors) {
   std::vector<SynthTensor> tensors;
   for (const TensorSpec& spec : text_model_schema(config)) {
     DType dtype = spec.dtypes.size() == 1        ? spec.dtypes[0]
@@ -186,7 +208,7 @@ std::vector<SynthTensor> checkpoint_tensors(const Qwen35Config& config) {
                                                  : dense_dtype(spec.name);
     tensors.push_back({spec.name, dtype, spec.shape});
   }
-  add_skipped_tensors(tensors);
+  if (with_skipped_tensors) add_skipped_tensors(tensors);
   return tensors;
 }
 
@@ -228,6 +250,19 @@ void write_text_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;
   if (!out.flush()) fail("{}: cannot write", path);
+}
+
+// The tokenizer files a model directory carries, so `--model DIR` alone serves text.
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(fs::path(from) / "tokenizer.json")) fail("--tokenizer: no tokenizer.json in {}", from);
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "NOTICE"}) {
+    fs::path source = fs::path(from) / name;
+    std::error_code error;
+    if (fs::exists(source))
+      fs::copy_file(source, fs::path(to) / name, fs::copy_options::overwrite_existing, error);
+    if (error) fail("{}: cannot copy to {}: {}", source.string(), to, error.message());
+  }
 }
 
 constexpr size_t kChunk = size_t(1) << 20;
@@ -279,17 +314,21 @@ void fill_tensor(const SynthTensor& t, uint8_t* out, uint64_t seed,
 }  // namespace
 
 std::vector<std::string> synth_architectures() {
-  return {"qwen3.5-4b"};
+  return {"qwen3.5-4b", "qwen3.5-tiny"};
 }
 std::vector<std::string> synth_formats() {
   return {"bf16", "w4a16-g32", "w4a16-g128"};
 }
 
 json synthetic_config(const SynthOptions& options) {
-  if (options.arch != "qwen3.5-4b")
+  json config;
+  if (options.arch == "qwen3.5-4b")
+    config = qwen35_4b_config();
+  else if (options.arch == "qwen3.5-tiny")
+    config = qwen35_tiny_config();
+  else
     fail("--arch: unknown architecture '{}' (available: {})", options.arch,
          fmt::join(synth_architectures(), ", "));
-  json config = qwen35_4b_config();
   if (options.format == "w4a16-g32" || options.format == "w4a16-g128")
     config["quantization_config"] = w4a16_quantization_config(options.format == "w4a16-g32" ? 32 : 128);
   else if (options.format != "bf16")
@@ -299,8 +338,8 @@ json synthetic_config(const SynthOptions& options) {
 
 void write_synthetic_checkpoint(const std::string& dir, const SynthOptions& options) {
   const json config = synthetic_config(options);
-  std::vector<SynthTensor> tensors =
-      checkpoint_tensors(Qwen35Config::parse(config.dump(), "synthetic config"));
+  std::vector<SynthTensor> tensors = checkpoint_tensors(
+      Qwen35Config::parse(config.dump(), "synthetic config"), options.arch == "qwen3.5-4b");
 
   // Assign tensors to shards in order, a new shard past shard_bytes.
   std::vector<size_t> shard_of(tensors.size());
@@ -340,6 +379,7 @@ void write_synthetic_checkpoint(const std::string& dir, const SynthOptions& opti
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   write_text_file(dir + "/model.safetensors.index.json", index.dump(2));
   write_text_file(dir + "/config.json", config.dump(2));
+  if (!options.tokenizer_dir.empty()) copy_tokenizer_files(options.tokenizer_dir, dir);
 }
 
 }  // namespace qspec

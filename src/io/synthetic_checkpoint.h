@@ -16,6 +16,7 @@ struct SynthOptions {
   std::string format = "bf16";      // "bf16", "w4a16-g32", "w4a16-g128"
   uint64_t seed = 0;
   uint64_t shard_bytes = uint64_t(2) << 30;  // a new shard starts past this size
+  std::string tokenizer_dir;                 // when set, its tokenizer files are copied into the checkpoint
 };
 
 std::vector<std::string> synth_architectures();
