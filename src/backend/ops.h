@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,14 @@ struct AttentionShape {
   float scale;       // softmax scale, head_dim^-0.5
 };
 
+// A recorded sequence of ops replayed as one unit: on CUDA a graph, so a step costs one launch instead of one
+// per op. It reads and writes the same buffers it was recorded with.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual void launch() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -57,6 +66,11 @@ class Backend {
   virtual void fill_zero(const Tensor& dst) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same shape and dtype, any strides
   virtual void synchronize() = 0;
+
+  // ---- step graphs (backends whose launches cost enough to be worth recording)
+  virtual bool can_capture() const { return false; }
+  // Records the ops `record` issues (only ops: no alloc, write, read or synchronize inside).
+  virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& record);
 
   // ---- ops
   // out[t] = table[ids[t]] ; ids I32 [T, 1], table [V, H] (any weight dtype)

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/checks.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/device_resources.h"
 #include "backend/cuda/launchers.h"
 #include "core/error.h"
@@ -152,6 +153,11 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "synchronize"); }
+
+  bool can_capture() const override { return true; }
+  std::unique_ptr<StepGraph> capture(const std::function<void()>& record) override {
+    return capture_graph(stream(), record);
+  }
 
   void embed(const Tensor& out, const Tensor& table, const Tensor& ids) override {
     require_activation("embed", "out", out);
