@@ -66,10 +66,10 @@ TEST(TokenizeCli, BadInputIsOneClearError) {
       {"--model /nonexistent --text x", "/nonexistent/tokenizer.json: cannot open"},
       {kModel + " --decode 12,x", "--decode: expected comma-separated token ids"},
       {kModel + " --decode 248999", "token id 248999 is not a token"},
-      {kModel + " --text a --decode 1", "exactly one of --text, --file, --decode"},
-      {kModel, "exactly one of --text, --file, --decode"},
+      {kModel + " --text a --decode 1", "exactly one of --text, --file, --chat, --decode"},
+      {kModel, "exactly one of --text, --file, --chat, --decode"},
       {kModel + " --file /nonexistent.txt", "--file /nonexistent.txt: cannot open"},
-      {kModel + " --decode 1 --bench 2", "--bench: times encoding; give --text or --file"},
+      {kModel + " --decode 1 --bench 2", "--bench: times encoding; give --text, --file or --chat"},
       {kModel + " --text \"$(printf 'a\\377')\"", "the text to encode is not valid UTF-8"},
   };
   for (const auto& [arguments, message] : cases) {

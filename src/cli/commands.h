@@ -11,6 +11,7 @@ namespace qspec::cli {
 void register_commands(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_chat(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_bench(CLI::App& app);

@@ -1,79 +1,91 @@
-// qspec generate: one prompt (token ids) -> generated ids on stdout, or one JSON object with --json.
+// qspec generate: one prompt (token ids, text, or a conversation rendered with the chat template) -> the
+// generated text streamed to stdout (ids when the model has no tokenizer), or one JSON object with --json.
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli/chat_input.h"
 #include "cli/commands.h"
+#include "cli/generated_text.h"
+#include "cli/model_run_options.h"
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
+#include "engine/model_tokenizer.h"
+#include "tokenizer/chat_template.h"
 
 namespace qspec::cli {
 
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir;
+  ModelRunOptions run;
+  // Exactly one prompt.
   std::string prompt_ids;
-  std::string backend = "cpu";
-  int max_tokens = 32;
-  int context = 0;
+  std::string prompt_text;
+  std::string chat_file;
+  bool no_thinking = false;
   bool json = false;
   bool ignore_eos = false;
-  SamplingParams sampling;
 };
 
-std::vector<int32_t> parse_ids(const std::string& text, const char* option) {
-  std::vector<int32_t> ids;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t used = 0;
-    long long value = 0;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || value < 0 || value > INT32_MAX)
-      fail("{}: expected comma-separated non-negative token ids, got '{}'", option, item);
-    ids.push_back(int32_t(value));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return ids;
+const ModelTokenizer& require_tokenizer(const std::optional<ModelTokenizer>& tokenizer,
+                                        const GenerateArgs& args, const char* option) {
+  if (!tokenizer)
+    fail("{} needs a tokenizer: {} has no tokenizer.json; give --tokenizer DIR", option, args.run.model_dir);
+  return *tokenizer;
+}
+
+std::vector<TokenId> prompt_of(const GenerateArgs& args, const std::optional<ModelTokenizer>& tokenizer) {
+  if (!args.prompt_ids.empty()) return parse_token_ids(args.prompt_ids, "--prompt-ids");
+  if (!args.prompt_text.empty())
+    return require_tokenizer(tokenizer, args, "--prompt").tokenizer.encode(args.prompt_text);
+  const ModelTokenizer& chat_tokenizer = require_tokenizer(tokenizer, args, "--chat");
+  const ChatInput chat = read_chat_input(args.chat_file);
+  const std::string text = render_chat(ChatTemplate::from_model_dir(chat_tokenizer.directory), chat.messages,
+                                       cli_chat_options(args.no_thinking, chat.tools));
+  return chat_tokenizer.tokenizer.encode(text);
 }
 
 void run_generate(const GenerateArgs& args) {
-  std::vector<int32_t> prompt = parse_ids(args.prompt_ids, "--prompt-ids");
-  LoadedModel loaded = LoadedModel::open(args.model_dir, args.backend);
+  const int prompts = !args.prompt_ids.empty() + !args.prompt_text.empty() + !args.chat_file.empty();
+  if (prompts != 1) fail("generate: give exactly one of --prompt-ids, --prompt, --chat");
+  LoadedModel loaded = LoadedModel::open(args.run.model_dir, args.run.backend);
   const Qwen35Config& config = loaded.model->config();
-  int context = args.context > 0 ? args.context : int(prompt.size()) + args.max_tokens;
+  const std::optional<ModelTokenizer> tokenizer =
+      open_model_tokenizer(args.run.model_dir, args.run.tokenizer_dir, config.vocab_size);
+  const std::vector<TokenId> prompt = prompt_of(args, tokenizer);
+  const int context = args.run.context > 0 ? args.run.context : int(prompt.size()) + args.run.max_tokens;
   auto state = loaded.model->new_state(context);
 
   GenerationOptions options;
-  options.max_tokens = args.max_tokens;
-  options.sampling = args.sampling;
+  options.max_tokens = args.run.max_tokens;
+  options.sampling = args.run.sampling;
   options.ignore_eos = args.ignore_eos;
+  if (!args.chat_file.empty()) options.stop_ids.push_back(end_of_turn_id(*tokenizer));
+  std::optional<GeneratedText> stream;
+  if (tokenizer && !args.json) stream.emplace(tokenizer->tokenizer);
   auto print_token = [&](int32_t id) {
-    if (!args.json) {
+    if (args.json) return true;
+    if (stream) {
+      fmt::print("{}", stream->push(id));
+    } else {
       fmt::print("{} ", id);
-      std::fflush(stdout);
     }
+    std::fflush(stdout);
     return true;
   };
   GenerationResult result = generate(*loaded.model, *state, prompt, options, print_token);
   if (args.json) {
     nlohmann::json out = {
-        {"model", args.model_dir},
+        {"model", args.run.model_dir},
         {"architecture", config.architecture},
-        {"backend", args.backend},
+        {"backend", args.run.backend},
         {"prompt_tokens", prompt.size()},
         {"tokens", result.tokens},
         {"finish_reason", result.finish_reason},
@@ -83,8 +95,10 @@ void run_generate(const GenerateArgs& args) {
           {"decode_tokens_per_second",
            result.decode_seconds > 0 ? double(result.tokens.size() - 1) / result.decode_seconds : 0.0}}},
     };
+    if (tokenizer) out["text"] = generated_text(tokenizer->tokenizer, result.tokens);
     fmt::print("{}\n", out.dump());
   } else {
+    if (stream) fmt::print("{}", stream->finish());
     fmt::print("\n");
     fmt::print(stderr, "{} tokens, finish: {}, prefill {:.3f} s, decode {:.3f} s\n", result.tokens.size(),
                result.finish_reason, result.prefill_seconds, result.decode_seconds);
@@ -95,18 +109,16 @@ void run_generate(const GenerateArgs& args) {
 
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "generate tokens from a prompt");
-  cmd->add_option("--model", args->model_dir, "checkpoint directory")->required();
-  cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as comma-separated token ids")->required();
-  cmd->add_option("--max-tokens,-n", args->max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", args->sampling.temperature, "0 = greedy");
-  cmd->add_option("--top-k", args->sampling.top_k, "0 = all");
-  cmd->add_option("--top-p", args->sampling.top_p);
-  cmd->add_option("--seed", args->sampling.seed);
-  cmd->add_option("--backend", args->backend, "cpu");
-  cmd->add_option("--ctx-size", args->context, "context length (default: prompt + max tokens)");
+  CLI::App* cmd = app.add_subcommand("generate", "generate text or tokens from a prompt");
+  add_model_run_options(*cmd, args->run);
+  cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as comma-separated token ids");
+  cmd->add_option("--prompt", args->prompt_text, "prompt as text, encoded with the tokenizer");
+  cmd->add_option("--chat", args->chat_file,
+                  "MESSAGES.json (an array of messages, or {\"messages\", \"tools\"}) rendered with the chat "
+                  "template; generation also stops at <|im_end|>");
+  cmd->add_flag("--no-thinking", args->no_thinking, "with --chat: render with enable_thinking false");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the model's EOS tokens");
-  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->add_flag("--json", args->json, "print one JSON object (with \"text\" when there is a tokenizer)");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -1,5 +1,5 @@
 // qspec tokenize: text -> ids (comma-separated, or JSON with the tokens) and ids -> text, with a model
-// directory's tokenizer.
+// directory's tokenizer; a conversation is rendered with the directory's chat template first.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
@@ -12,8 +12,10 @@
 #include <sstream>
 #include <string>
 
+#include "cli/chat_input.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
@@ -21,10 +23,13 @@ namespace {
 
 struct TokenizeArgs {
   std::string model_dir;
-  // Exactly one source: text to encode, a file to encode, or ids to decode.
+  // Exactly one source: text to encode, a file to encode, a conversation to render and encode, or ids to
+  // decode.
   std::string text;
   std::string file;
+  std::string chat_file;
   std::string decode_ids;
+  bool no_thinking = false;
   bool json = false;
   bool no_special = false;
   int bench_repeats = 0;  // > 0: time that many encodes of the input instead of printing ids
@@ -41,6 +46,11 @@ std::string read_file(const std::string& path) {
 // Every input source other than --decode becomes text here.
 std::string text_to_encode(const TokenizeArgs& args) {
   if (!args.file.empty()) return read_file(args.file);
+  if (!args.chat_file.empty()) {
+    const ChatInput chat = read_chat_input(args.chat_file);
+    return render_chat(ChatTemplate::from_model_dir(args.model_dir), chat.messages,
+                       cli_chat_options(args.no_thinking, chat.tools));
+  }
   return args.text;
 }
 
@@ -51,10 +61,12 @@ nlohmann::json token_texts(const Tokenizer& tokenizer, const std::vector<TokenId
 }
 
 void run_encode(const Tokenizer& tokenizer, const TokenizeArgs& args) {
-  const std::vector<TokenId> ids =
-      tokenizer.encode(text_to_encode(args), {.special_tokens_as_text = args.no_special});
+  const std::string text = text_to_encode(args);
+  const std::vector<TokenId> ids = tokenizer.encode(text, {.special_tokens_as_text = args.no_special});
   if (args.json) {
-    const nlohmann::json out{{"ids", ids}, {"tokens", token_texts(tokenizer, ids)}};
+    nlohmann::json out{{"ids", ids}, {"tokens", token_texts(tokenizer, ids)}};
+    // A rendered conversation is text the user did not write; show it.
+    if (!args.chat_file.empty()) out["text"] = text;
     fmt::print("{}\n", out.dump());
   } else {
     fmt::print("{}\n", fmt::join(ids, ","));
@@ -78,7 +90,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 // Single-threaded encode speed; the first encode runs on a cold BPE cache, the best one on a warm cache.
 void run_bench(const TokenizeArgs& args) {
-  if (!args.decode_ids.empty()) fail("--bench: times encoding; give --text or --file");
+  if (!args.decode_ids.empty()) fail("--bench: times encoding; give --text, --file or --chat");
   auto start = std::chrono::steady_clock::now();
   const Tokenizer tokenizer(args.model_dir);
   const double load_seconds = seconds_since(start);
@@ -106,8 +118,9 @@ void run_bench(const TokenizeArgs& args) {
 }
 
 void run_tokenize(const TokenizeArgs& args) {
-  const int sources = !args.text.empty() + !args.file.empty() + !args.decode_ids.empty();
-  if (sources != 1) fail("tokenize: give exactly one of --text, --file, --decode");
+  const int sources =
+      !args.text.empty() + !args.file.empty() + !args.chat_file.empty() + !args.decode_ids.empty();
+  if (sources != 1) fail("tokenize: give exactly one of --text, --file, --chat, --decode");
   if (args.bench_repeats > 0) {
     run_bench(args);
     return;
@@ -129,9 +142,14 @@ void register_tokenize(CLI::App& app) {
       ->required();
   command->add_option("--text", args->text, "text to encode");
   command->add_option("--file", args->file, "file whose contents to encode");
+  command->add_option("--chat", args->chat_file,
+                      "MESSAGES.json (an array of messages, or {\"messages\", \"tools\"}) to render with "
+                      "the chat template (with the generation prompt) and encode");
+  command->add_flag("--no-thinking", args->no_thinking, "with --chat: render with enable_thinking false");
   command->add_option("--decode", args->decode_ids, "comma-separated ids to decode");
   command->add_flag("--json", args->json,
-                    "print {\"ids\", \"tokens\"} (or {\"text\", \"tokens\"} for --decode)");
+                    "print {\"ids\", \"tokens\"} (+ the rendered \"text\" with --chat; {\"text\", "
+                    "\"tokens\"} for --decode)");
   command->add_flag("--no-special", args->no_special,
                     "encode control tokens such as <|im_start|> as plain text; with --decode, drop them");
   command->add_option("--bench", args->bench_repeats, "time N encodes of the input; print timing JSON")

@@ -93,6 +93,10 @@ std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special) c
   return utf8::to_valid_lossy(bytes);
 }
 
+bool Tokenizer::has_token(TokenId id) const {
+  return added_token(id) != nullptr || (id >= 0 && static_cast<size_t>(id) < bpe_->size());
+}
+
 std::string Tokenizer::token_text(TokenId id) const {
   if (const AddedToken* token = added_token(id)) return token->content;
   if (id < 0 || static_cast<size_t>(id) >= bpe_->size()) fail_unknown_id(id);

@@ -50,6 +50,8 @@ class Tokenizer {
   std::string token_text(TokenId id) const;
   // The id of an added token's content or of a BPE token's tokenizer.json text.
   std::optional<TokenId> find_token(std::string_view text) const;
+  // Whether `id` is a token (a model's embedding may have more rows than the tokenizer has tokens).
+  bool has_token(TokenId id) const;
   bool is_special(TokenId id) const;
 
   // One more than the largest id.

@@ -1,0 +1,21 @@
+#include "cli/model_run_options.h"
+
+#include <CLI/CLI.hpp>
+
+namespace qspec::cli {
+
+void add_model_run_options(CLI::App& command, ModelRunOptions& options) {
+  command.add_option("--model", options.model_dir, "checkpoint directory")->required();
+  command.add_option("--tokenizer", options.tokenizer_dir,
+                     "directory with tokenizer.json (and the chat template) when the checkpoint has none");
+  command.add_option("--max-tokens,-n", options.max_tokens, "tokens to generate")
+      ->check(CLI::NonNegativeNumber);
+  command.add_option("--temperature", options.sampling.temperature, "0 = greedy");
+  command.add_option("--top-k", options.sampling.top_k, "0 = all");
+  command.add_option("--top-p", options.sampling.top_p);
+  command.add_option("--seed", options.sampling.seed);
+  command.add_option("--backend", options.backend, "cpu");
+  command.add_option("--ctx-size", options.context, "context length (default: prompt + max tokens)");
+}
+
+}  // namespace qspec::cli

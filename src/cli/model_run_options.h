@@ -1,0 +1,27 @@
+// The options that generate and chat share: the model, its backend and tokenizer, and how to sample.
+#pragma once
+
+#include <string>
+
+#include "engine/sampler.h"
+
+namespace CLI {
+class App;
+}
+
+namespace qspec::cli {
+
+struct ModelRunOptions {
+  std::string model_dir;
+  std::string tokenizer_dir;  // empty: the model directory's own tokenizer, if it has one
+  std::string backend = "cpu";
+  int max_tokens = 32;
+  int context = 0;  // 0: prompt + max_tokens
+  SamplingParams sampling;
+};
+
+// Registers --model, --tokenizer, --backend, --max-tokens, --ctx-size and the sampling options on `command`;
+// `options` must outlive the parse.
+void add_model_run_options(CLI::App& command, ModelRunOptions& options);
+
+}  // namespace qspec::cli

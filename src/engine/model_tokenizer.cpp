@@ -1,0 +1,23 @@
+#include "engine/model_tokenizer.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace qspec {
+
+std::optional<ModelTokenizer> open_model_tokenizer(const std::string& model_dir,
+                                                   const std::string& tokenizer_dir, int vocab_size) {
+  std::string directory = tokenizer_dir;
+  if (directory.empty()) {
+    if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) return std::nullopt;
+    directory = model_dir;
+  }
+  Tokenizer tokenizer(directory);
+  if (tokenizer.id_count() > size_t(vocab_size))
+    fail("tokenizer {} has {} ids but model {} has a vocabulary of {}: they do not belong together",
+         directory, tokenizer.id_count(), model_dir, vocab_size);
+  return ModelTokenizer{std::move(directory), std::move(tokenizer)};
+}
+
+}  // namespace qspec
