@@ -34,6 +34,7 @@ struct BenchArgs {
   double bandwidth_gbs = 4160.0;  // measured H200 read bandwidth (GB/s), the limit steps are compared with
   std::string out_dir = "bench/results";
   std::string commit;
+  bool no_graphs = false;
 };
 
 struct StepResult {
@@ -74,6 +75,7 @@ double state_bytes(const Qwen35Config& c, int64_t context) {
 void run_bench(const BenchArgs& args) {
   LoadedModel loaded = LoadedModel::open(args.model_dir, args.backend);
   Qwen35Model& model = *loaded.model;
+  model.set_step_graphs(!args.no_graphs);
   Backend& backend = *loaded.backend;
   const Qwen35Config& c = model.config();
   CheckpointReport report = check_checkpoint(c, *loaded.store);
@@ -131,6 +133,7 @@ void run_bench(const BenchArgs& args) {
       {"bandwidth_limit_gbs", args.bandwidth_gbs},
       {"context", args.context},
       {"repeats", args.repeats},
+      {"step_graphs", !args.no_graphs && backend.can_capture()},
       {"steps", nlohmann::json::array()},
   };
   fmt::print("{} on {} ({}), weights {:.3f} GB, limit {:.0f} GB/s\n", args.model_dir, device, backend.name(),
@@ -186,6 +189,7 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--out", args->out_dir, "directory for the JSON record");
   cmd->add_option("--commit", args->commit, "commit id to record (default: $QSPEC_COMMIT)");
+  cmd->add_flag("--no-graphs", args->no_graphs, "run every op directly instead of replaying step graphs");
   cmd->callback([args] { run_bench(*args); });
 }
 

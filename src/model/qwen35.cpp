@@ -123,9 +123,10 @@ Qwen35Model::Qwen35Model(Qwen35Config config, const TensorStore& store, Backend&
 
 Qwen35Model::~Qwen35Model() = default;
 
-std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) const {
+std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) {
   const Qwen35Config& c = config_;
   auto state = std::make_unique<Qwen35State>();
+  state->id = next_state_id_++;
   state->max_context = max_context;
   const int64_t kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
   for (const Qwen35Layer& layer : weights_.layers) {
@@ -152,13 +153,15 @@ void Qwen35Model::reset(Qwen35State& state) const {
   state.n_past = 0;
 }
 
-void Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count) {
+bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count) {
   Workspace& ws = *ws_;
   const Qwen35Config& c = config_;
   auto make = [&](std::unique_ptr<Buffer>& b, int64_t rows, int64_t cols, DType t = DType::F32) {
     b = backend_.alloc(t, rows, cols);
   };
+  bool reallocated = false;
   if (tokens > ws.capacity) {
+    reallocated = true;
     const int64_t T = tokens, H = c.hidden_size, FF = c.intermediate_size;
     const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
     const int64_t nv = c.linear_num_value_heads, vd = c.linear_value_dim();
@@ -196,7 +199,9 @@ void Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
   if (logit_rows > ws.logit_capacity) {
     make(ws.logits, logit_rows, c.vocab_size);
     ws.logit_capacity = logit_rows;
+    reallocated = true;
   }
+  return reallocated;
 }
 
 void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out) {
@@ -268,7 +273,7 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
       fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
 
   const int64_t logit_rows = !options.logits ? 0 : options.all_logits ? T : 1;
-  ensure_workspace(T, logit_rows, options.hidden_layers.size());
+  if (ensure_workspace(T, logit_rows, options.hidden_layers.size())) graphs_.clear();
   Workspace& ws = *ws_;
 
   std::vector<int32_t> positions(static_cast<size_t>(T));
@@ -276,14 +281,40 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   backend_.write(first_rows(ws.ids, T), tokens.data());
   backend_.write(first_rows(ws.positions, T), positions.data());
 
+  auto run = [&] { run_step(state, T, logit_rows, options.hidden_layers); };
+  if (step_graphs_ && backend_.can_capture()) {
+    // The first step of a shape runs directly (ops may size their workspaces then); the second records it.
+    GraphKey key{state.id, T, logit_rows, options.hidden_layers};
+    auto found = graphs_.find(key);
+    if (found == graphs_.end()) {
+      if (graphs_.size() >= kMaxStepGraphs) graphs_.clear();
+      graphs_.emplace(key, nullptr);
+      run();
+    } else {
+      if (!found->second) found->second = backend_.capture(run);
+      found->second->launch();
+    }
+  } else {
+    run();
+  }
+  state.n_past += int(T);
+
+  ForwardOutput output;
+  for (size_t h = 0; h < options.hidden_layers.size(); ++h)
+    output.hidden.push_back(first_rows(ws.hidden[h], T));
+  if (logit_rows > 0) output.logits = first_rows(ws.logits, logit_rows);
+  return output;
+}
+
+void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
+                           const std::vector<int>& hidden_layers) {
+  const Qwen35Config& c = config_;
+  Workspace& ws = *ws_;
   Tensor x = first_rows(ws.x, T);
   Tensor normed = first_rows(ws.normed, T);
   Tensor mixer_out = first_rows(ws.mixer_out, T);
   Tensor mlp_out = first_rows(ws.mlp_out, T);
   backend_.embed(x, weights_.embed, first_rows(ws.ids, T));
-
-  ForwardOutput output;
-  output.hidden.resize(options.hidden_layers.size());
   for (int i = 0; i < c.num_layers; ++i) {
     const Qwen35Layer& layer = weights_.layers[size_t(i)];
     backend_.rmsnorm(normed, x, layer.input_norm, c.rms_norm_eps, true);
@@ -295,22 +326,15 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
     backend_.rmsnorm(normed, x, layer.post_attention_norm, c.rms_norm_eps, true);
     mlp(layer, normed, mlp_out);
     backend_.add(x, x, mlp_out);
-    for (size_t h = 0; h < options.hidden_layers.size(); ++h) {
-      if (options.hidden_layers[h] != i) continue;
-      output.hidden[h] = first_rows(ws.hidden[h], T);
-      backend_.copy(output.hidden[h], x);
-    }
+    for (size_t h = 0; h < hidden_layers.size(); ++h)
+      if (hidden_layers[h] == i) backend_.copy(first_rows(ws.hidden[h], T), x);
   }
-  state.n_past += int(T);
-
   if (logit_rows > 0) {
     Tensor rows = x.rows_view(T - logit_rows, logit_rows);
     Tensor head_in = normed.rows_view(0, logit_rows);
     backend_.rmsnorm(head_in, rows, weights_.final_norm, c.rms_norm_eps, true);
-    output.logits = first_rows(ws.logits, logit_rows);
-    backend_.linear(output.logits, head_in, weights_.lm_head);
+    backend_.linear(first_rows(ws.logits, logit_rows), head_in, weights_.lm_head);
   }
-  return output;
 }
 
 }  // namespace qspec

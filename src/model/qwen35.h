@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -48,6 +49,7 @@ struct Qwen35State {
   std::vector<Layer> layers;
   int max_context = 0;
   int n_past = 0;
+  uint64_t id = 0;  // distinguishes states in the model's step graphs, which are recorded on their buffers
 };
 
 struct ForwardOptions {
@@ -70,15 +72,21 @@ class Qwen35Model {
   const Qwen35Config& config() const { return config_; }
   Backend& backend() const { return backend_; }
 
-  std::unique_ptr<Qwen35State> new_state(int max_context) const;
+  std::unique_ptr<Qwen35State> new_state(int max_context);
   void reset(Qwen35State& state) const;
+
+  // Steps of a shape seen before replay a recorded step graph on backends that can record them (default on).
+  void set_step_graphs(bool enabled) { step_graphs_ = enabled; }
 
   // Feeds `tokens` at positions state.n_past.. and advances the state.
   ForwardOutput forward(Qwen35State& state, std::span<const int32_t> tokens, const ForwardOptions& options);
 
  private:
   struct Workspace;
-  void ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count);
+  // Grows the activation buffers; true when any was reallocated (recorded step graphs are then stale).
+  bool ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count);
+  // Every op of one step, from the ids and positions already in the workspace.
+  void run_step(Qwen35State& state, int64_t T, int64_t logit_rows, const std::vector<int>& hidden_layers);
   void gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
                        const Tensor& out);
   void gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
@@ -89,6 +97,18 @@ class Qwen35Model {
   Backend& backend_;
   Qwen35Weights weights_;
   std::unique_ptr<Workspace> ws_;
+
+  // A step's shape and state; a null graph marks a shape that ran once and is recorded on its next step.
+  struct GraphKey {
+    uint64_t state_id;
+    int64_t tokens, logit_rows;
+    std::vector<int> hidden_layers;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  static constexpr size_t kMaxStepGraphs = 64;
+  bool step_graphs_ = true;
+  uint64_t next_state_id_ = 1;
+  std::map<GraphKey, std::unique_ptr<StepGraph>> graphs_;
 };
 
 }  // namespace qspec
