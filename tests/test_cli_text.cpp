@@ -1,0 +1,241 @@
+// Text in, text out through the qspec binary: tokenize --chat, generate --prompt/--chat and qspec chat, end
+// to end on a tiny random Qwen3.5 with the real vocabulary (qspec synth --arch qwen3.5-tiny), and their
+// errors.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "run_command.h"
+#include "test_tokenizer_support.h"
+#include "tiny_checkpoint.h"
+#include "tokenizer/utf8.h"
+
+namespace qspec {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::CommandResult;
+using testing_support::run_command;
+
+const std::string kTokenizerDir = test::qwen_tokenizer_dir();
+const std::string kVocab256Model = std::string(QSPEC_FIXTURES_DIR) + "/qwen35/causal-tied-bf16";
+
+CommandResult qspec(const std::string& arguments) {
+  return run_command(std::string(QSPEC_BINARY) + " " + arguments);
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+const nlohmann::ordered_json& oracle_case(const std::string& name) {
+  static const nlohmann::ordered_json fixture = nlohmann::ordered_json::parse(
+      std::ifstream(fs::path(QSPEC_FIXTURES_DIR) / "chat_template" / "cases.json"));
+  for (const auto& test_case : fixture["cases"])
+    if (test_case["name"] == name) return test_case;
+  throw std::runtime_error("no chat template case " + name);
+}
+
+// What generate and chat print for generated ids: special tokens and ids without a token dropped.
+std::string text_of(const std::vector<TokenId>& ids) {
+  std::vector<TokenId> tokens;
+  for (const TokenId id : ids)
+    if (test::qwen_tokenizer().has_token(id)) tokens.push_back(id);
+  return test::qwen_tokenizer().decode(tokens, /*skip_special=*/true);
+}
+
+void expect_valid_utf8(const std::string& text) {
+  EXPECT_NO_THROW(utf8::require_valid(text, "output")) << text;
+}
+
+void expect_error(const CommandResult& run, const std::string& message) {
+  EXPECT_FALSE(run.signaled) << run.err;
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.err.find("error: " + message), std::string::npos) << "expected: " << message << "\n"
+                                                                  << run.err;
+}
+
+class TextCli : public ::testing::Test {
+ protected:
+  // The tiny model is written once for all tests of the suite.
+  static void SetUpTestSuite() {
+    tiny_model_ = std::make_unique<tiny::TempDir>();
+    const CommandResult synth = qspec("synth --arch qwen3.5-tiny --tokenizer '" + kTokenizerDir +
+                                      "' --out '" + tiny_model_->str() + "'");
+    ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  }
+  static void TearDownTestSuite() { tiny_model_.reset(); }
+
+  static std::string tiny() { return "--model '" + tiny_model_->str() + "'"; }
+
+  // A file in this test's directory with `contents`; returns its quoted path.
+  std::string file(const std::string& name, const std::string& contents) const {
+    write_file(dir_.path() / name, contents);
+    return "'" + (dir_.path() / name).string() + "'";
+  }
+
+  // generate ... --json, parsed.
+  nlohmann::json generate_json(const std::string& arguments) const {
+    const CommandResult run = qspec("generate " + tiny() + " --json " + arguments);
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    return nlohmann::json::parse(run.out);
+  }
+
+  std::string chat(const std::string& input, const std::string& arguments) const {
+    const CommandResult run = qspec("chat " + tiny() + " " + arguments + " < " + file("input.txt", input));
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    EXPECT_FALSE(run.signaled);
+    expect_valid_utf8(run.out);
+    return run.out;
+  }
+
+  static std::unique_ptr<tiny::TempDir> tiny_model_;
+  tiny::TempDir dir_;
+};
+
+std::unique_ptr<tiny::TempDir> TextCli::tiny_model_;
+
+TEST_F(TextCli, TokenizeChatRendersLikeTheOracleAndEncodesTheRenderedText) {
+  struct Case {
+    std::string oracle, flags;
+    bool as_object;  // {"messages", "tools"} rather than a bare array
+  };
+  for (const Case& c : {Case{"single_turn_default_thinking", "", false},
+                        Case{"single_turn_thinking_off", "--no-thinking", false},
+                        Case{"system_and_user", "", true}, Case{"tools_defined", "", true}}) {
+    SCOPED_TRACE(c.oracle);
+    const auto& oracle = oracle_case(c.oracle);
+    const nlohmann::ordered_json input =
+        c.as_object ? nlohmann::ordered_json{{"messages", oracle["messages"]}, {"tools", oracle["tools"]}}
+                    : oracle["messages"];
+    const CommandResult run = qspec("tokenize --model '" + kTokenizerDir + "' --json " + c.flags +
+                                    " --chat " + file("messages.json", input.dump()));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const nlohmann::json out = nlohmann::json::parse(run.out);
+    const std::string expected = oracle["expected"].get<std::string>();
+    EXPECT_EQ(out.at("text"), expected);
+    EXPECT_EQ(out.at("ids").get<std::vector<TokenId>>(), test::qwen_tokenizer().encode(expected));
+  }
+}
+
+TEST_F(TextCli, BadMessagesFilesNameTheFile) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"[{\"role\": \"user\"", "malformed JSON"},
+      {"{\"messages\": 3}", "expected a JSON array of messages or an object with \"messages\", got number"},
+      {"{\"tools\": []}", "the object has no \"messages\""},
+      {"\"hello\"", "expected a JSON array of messages"},
+      {"[{\"content\": \"hi\"}]", "message 0 is not an object with a string \"role\""},
+      {"[{\"role\": \"user\", \"content\": \"hi\"}, 7]", "message 1 is not an object"},
+      {"{\"messages\": [], \"tools\": {}}", "\"tools\" must be a list of tool schemas or null, got object"},
+  };
+  for (const auto& [contents, message] : cases) {
+    SCOPED_TRACE(contents);
+    const std::string path = file("messages.json", contents);
+    const std::string unquoted = path.substr(1, path.size() - 2);
+    expect_error(qspec("tokenize --model '" + kTokenizerDir + "' --chat " + path),
+                 "--chat " + unquoted + ": " + message);
+    expect_error(qspec("generate " + tiny() + " --chat " + path), "--chat " + unquoted + ": " + message);
+  }
+  expect_error(qspec("tokenize --model '" + kTokenizerDir + "' --chat /nonexistent.json"),
+               "--chat /nonexistent.json: cannot open");
+  expect_error(qspec("tokenize --model '" + kTokenizerDir + "' --chat '" + dir_.str() + "'"),
+               "--chat " + dir_.str() + ": cannot open as a file");
+  // The template's own checks still apply to a well-formed file.
+  expect_error(qspec("tokenize --model '" + kTokenizerDir + "' --chat " + file("empty.json", "[]")),
+               "chat_template.jinja");
+}
+
+TEST_F(TextCli, GenerateNeedsExactlyOnePromptAndATokenizerForText) {
+  const std::string one_of = "generate: give exactly one of --prompt-ids, --prompt, --chat";
+  expect_error(qspec("generate " + tiny()), one_of);
+  expect_error(qspec("generate " + tiny() + " --prompt hi --prompt-ids 1"), one_of);
+  expect_error(qspec("generate " + tiny() + " --prompt hi --chat " + file("m.json", "[]")), one_of);
+  expect_error(
+      qspec("generate --model " + kVocab256Model + " --prompt hi"),
+      "--prompt needs a tokenizer: " + kVocab256Model + " has no tokenizer.json; give --tokenizer DIR");
+  expect_error(qspec("generate --model " + kVocab256Model + " --chat " + file("m.json", "[]")),
+               "--chat needs a tokenizer");
+  expect_error(qspec("generate --model " + kVocab256Model + " --prompt hi --tokenizer /nonexistent"),
+               "/nonexistent/tokenizer.json: cannot open");
+}
+
+TEST_F(TextCli, ATokenizerLargerThanTheModelVocabularyIsAnError) {
+  const std::string mismatch = "tokenizer " + kTokenizerDir + " has 248077 ids but model " + kVocab256Model +
+                               " has a vocabulary of 256";
+  expect_error(
+      qspec("generate --model " + kVocab256Model + " --tokenizer '" + kTokenizerDir + "' --prompt hi"),
+      mismatch);
+  expect_error(qspec("chat --model " + kVocab256Model + " --tokenizer '" + kTokenizerDir + "' < /dev/null"),
+               mismatch);
+}
+
+TEST_F(TextCli, GeneratePromptStreamsTheTextOfItsTokens) {
+  const nlohmann::json out = generate_json("--prompt 'Hello, how are you?' -n 24");
+  const auto tokens = out.at("tokens").get<std::vector<TokenId>>();
+  ASSERT_EQ(tokens.size(), 24u);
+  EXPECT_EQ(out.at("prompt_tokens"), 6);  // the ids tokenize gives this text
+  const std::string text = out.at("text").get<std::string>();
+  EXPECT_EQ(text, text_of(tokens));
+  EXPECT_FALSE(text.empty());
+  expect_valid_utf8(text);
+  // The same ids as a prompt give the same tokens; streamed, the same text.
+  EXPECT_EQ(generate_json("--prompt-ids 9419,11,1204,513,488,30 -n 24").at("tokens"), out.at("tokens"));
+  const CommandResult streamed = qspec("generate " + tiny() + " --prompt 'Hello, how are you?' -n 24");
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, text + "\n");
+}
+
+TEST_F(TextCli, GenerateChatPrefillsTheRenderedConversation) {
+  const std::string messages = file("m.json", R"([{"role": "user", "content": "Hi"}])");
+  for (const std::string flags : {"", "--no-thinking"}) {
+    SCOPED_TRACE(flags);
+    const CommandResult tokenized =
+        qspec("tokenize --model '" + kTokenizerDir + "' " + flags + " --chat " + messages);
+    ASSERT_EQ(tokenized.exit_code, 0) << tokenized.err;
+    const nlohmann::json out = generate_json(flags + " -n 12 --chat " + messages);
+    const std::string ids = tokenized.out.substr(0, tokenized.out.find('\n'));
+    const nlohmann::json same = generate_json("-n 12 --prompt-ids " + ids);
+    EXPECT_EQ(out.at("tokens"), same.at("tokens"));
+    EXPECT_EQ(out.at("text"), text_of(out.at("tokens").get<std::vector<TokenId>>()));
+  }
+}
+
+TEST_F(TextCli, ChatKeepsTheHistoryResetsAndEndsAtEof) {
+  // --no-thinking: each reply is all answer, so it goes into the history as printed.
+  const std::string first =
+      generate_json("--no-thinking -n 8 --chat " + file("m1.json", R"([{"role": "user", "content": "Hi"}])"))
+          .at("text");
+  nlohmann::ordered_json two_turns = nlohmann::ordered_json::array();
+  two_turns.push_back({{"role", "user"}, {"content", "Hi"}});
+  two_turns.push_back({{"role", "assistant"}, {"content", first}});
+  two_turns.push_back({{"role", "user"}, {"content", "And then?"}});
+  const std::string second =
+      generate_json("--no-thinking -n 8 --chat " + file("m2.json", two_turns.dump())).at("text");
+  EXPECT_NE(first, second);
+
+  EXPECT_EQ(chat("Hi\nAnd then?\n", "--no-thinking -n 8"), first + "\n" + second + "\n");
+  // /reset forgets the first turn; empty lines are no turns; /exit ends before the last line.
+  EXPECT_EQ(chat("Hi\n/reset\n\nHi\n/exit\nAnd then?\n", "--no-thinking -n 8"), first + "\n" + first + "\n");
+  EXPECT_EQ(chat("", "--no-thinking -n 8"), "");
+}
+
+TEST_F(TextCli, ChatWithThinkingMarksTheReasoning) {
+  const std::string reasoning =
+      generate_json("-n 6 --chat " + file("m.json", R"([{"role": "user", "content": "Hi"}])")).at("text");
+  EXPECT_EQ(chat("Hi\n", "-n 6"), "[thinking]\n" + reasoning + "\n[/thinking]\n\n");
+}
+
+TEST_F(TextCli, ChatErrors) {
+  expect_error(qspec("chat --model " + kVocab256Model + " < /dev/null"),
+               "chat needs a tokenizer: " + kVocab256Model + " has no tokenizer.json");
+  expect_error(qspec("chat " + tiny() + " -n 2 < " + file("bad.txt", "Hi\n\xff\n")),
+               "stdin line 2 is not valid UTF-8");
+}
+
+}  // namespace
+}  // namespace qspec
