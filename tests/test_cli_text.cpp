@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "run_command.h"
 #include "test_tokenizer_support.h"
 #include "tiny_checkpoint.h"
@@ -203,6 +205,56 @@ TEST_F(TextCli, GenerateChatPrefillsTheRenderedConversation) {
     EXPECT_EQ(out.at("tokens"), same.at("tokens"));
     EXPECT_EQ(out.at("text"), text_of(out.at("tokens").get<std::vector<TokenId>>()));
   }
+}
+
+// In place in the tiny model's single safetensors file: embedding row `to` becomes twice row `from`.
+void set_embedding_row_to_double(const fs::path& model_dir, TokenId from, TokenId to) {
+  const fs::path path = model_dir / "model-00001-of-00001.safetensors";
+  std::fstream file(path, std::ios::binary | std::ios::in | std::ios::out);
+  uint64_t header_size = 0;
+  file.read(reinterpret_cast<char*>(&header_size), sizeof(header_size));
+  std::string header(header_size, '\0');
+  file.read(header.data(), std::streamsize(header_size));
+  const auto embedding = nlohmann::json::parse(header).at("model.language_model.embed_tokens.weight");
+  ASSERT_EQ(embedding.at("dtype"), "BF16");
+  const int64_t hidden = embedding.at("shape")[1].get<int64_t>();
+  const auto row_offset = [&](TokenId id) {
+    return std::streamoff(8 + header_size + embedding.at("data_offsets")[0].get<uint64_t>() +
+                          uint64_t(id) * uint64_t(hidden) * 2);
+  };
+  std::vector<uint16_t> row(size_t(hidden), 0);
+  file.seekg(row_offset(from));
+  file.read(reinterpret_cast<char*>(row.data()), std::streamsize(row.size() * 2));
+  for (uint16_t& value : row) value = f32_to_bf16(2.0f * bf16_to_f32(value));
+  file.seekp(row_offset(to));
+  file.write(reinterpret_cast<const char*>(row.data()), std::streamsize(row.size() * 2));
+  ASSERT_TRUE(file.good());
+}
+
+TEST_F(TextCli, GenerateChatStopsAtTheEndOfTurnToken) {
+  // A copy of the tiny model whose template leaves <|im_end|> out of the prompt, and whose <|im_end|> row is
+  // twice the row of the greedy second token: the first steps are unchanged, then <|im_end|> has twice the
+  // winning (positive) logit and is chosen.
+  const fs::path model = dir_.path() / "model";
+  fs::copy(tiny_model_->path(), model);
+  write_file(model / "chat_template.jinja", "{{- messages[0]['content'] }}");
+  const std::string messages = file("m.json", R"([{"role": "user", "content": "Hello"}])");
+  const std::string run = "generate --model '" + model.string() + "' --json -n 8 ";
+  const auto unchanged = nlohmann::json::parse(qspec(run + "--chat " + messages).out);
+  const auto tokens = unchanged.at("tokens").get<std::vector<TokenId>>();
+  ASSERT_EQ(tokens.size(), 8u);
+  const TokenId end_of_turn = *test::qwen_tokenizer().find_token("<|im_end|>");
+  ASSERT_EQ(std::count(tokens.begin(), tokens.end(), end_of_turn), 0);
+  set_embedding_row_to_double(model, tokens[1], end_of_turn);
+
+  const auto stopped = nlohmann::json::parse(qspec(run + "--chat " + messages).out);
+  EXPECT_EQ(stopped.at("tokens"), nlohmann::json({tokens[0], end_of_turn}));
+  EXPECT_EQ(stopped.at("finish_reason"), "stop");
+  EXPECT_EQ(stopped.at("text"), text_of({tokens[0]}));
+  // A plain text prompt has no end of turn: the same model goes on.
+  const auto plain = nlohmann::json::parse(qspec(run + "--prompt Hello").out);
+  EXPECT_EQ(plain.at("tokens")[1], end_of_turn);
+  EXPECT_EQ(plain.at("tokens").size(), 8u);
 }
 
 TEST_F(TextCli, ChatKeepsTheHistoryResetsAndEndsAtEof) {
