@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/math.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -16,21 +16,8 @@ namespace {
 
 void check_attention_args(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& positions, const AttentionShape& shape) {
-  require_activation("attention", "q", q);
-  require_activation("attention", "out", out);
-  require_activation("attention", "k_cache", k_cache);
-  require_activation("attention", "v_cache", v_cache);
-  if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
-      shape.num_heads % shape.num_kv_heads != 0)
-    fail("attention: num_heads {} must be a positive multiple of num_kv_heads {} (head_dim {})",
-         shape.num_heads, shape.num_kv_heads, shape.head_dim);
-  const int64_t q_cols = int64_t{shape.num_heads} * shape.head_dim;
-  const int64_t kv_cols = int64_t{shape.num_kv_heads} * shape.head_dim;
-  require_shape("attention", "q", q, q.rows, q_cols);
-  require_shape("attention", "out", out, q.rows, q_cols);
-  require_shape("attention", "k_cache", k_cache, k_cache.rows, kv_cols);
-  require_shape("attention", "v_cache", v_cache, k_cache.rows, kv_cols);
-  require_indices("attention", "positions", positions, q.rows);
+  check_attention_operands(out, q, k_cache, v_cache, shape);
+  check_attention_widths(out, q, k_cache, v_cache, positions, shape);
   for (int64_t t = 0; t < q.rows; ++t) {
     int32_t position = positions.row<int32_t>(t)[0];
     if (position < 0 || position >= k_cache.rows)

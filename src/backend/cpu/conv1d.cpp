@@ -3,24 +3,19 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/math.h"
 #include "backend/cpu/weight_values.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
 namespace qspec::cpu {
 
 void CpuBackend::conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) {
-  require_activation("conv1d_silu", "x", x);
-  require_activation("conv1d_silu", "out", out);
-  require_activation("conv1d_silu", "state", state);
-  require_weight("conv1d_silu", "weight", weight);
+  check_conv1d_operands(out, x, state, weight);
   if (weight.cols < 1) fail("conv1d_silu: weight has {} columns, expected a kernel size >= 1", weight.cols);
-  require_shape("conv1d_silu", "weight", weight, x.cols, weight.cols);
-  require_shape("conv1d_silu", "state", state, x.cols, weight.cols - 1);
-  require_shape("conv1d_silu", "out", out, x.rows, x.cols);
+  check_conv1d_shapes(out, x, state, weight);
   const int64_t kernel = weight.cols;
   const int64_t history = kernel - 1;
   const int64_t tokens = x.rows;

@@ -1,16 +1,11 @@
 // Memory of the CPU backend, and the factory.
 #include "backend/cpu/cpu_backend.h"
 
-#include <fmt/ranges.h>
-
 #include <cstring>
 #include <fstream>
-#include <functional>
-#include <numeric>
 #include <vector>
 
-#include "backend/cpu/checks.h"
-#include "core/error.h"
+#include "backend/op_checks.h"
 #include "io/safetensors.h"
 
 namespace qspec {
@@ -40,10 +35,6 @@ char* row_start(const Tensor& t, int64_t r) {
   return static_cast<char*>(t.data) + r * t.stride * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
-void require_contiguous(std::string_view op, std::string_view arg, const Tensor& t) {
-  if (!t.contiguous()) fail("{}: {} must be contiguous (stride {} != {} columns)", op, arg, t.stride, t.cols);
-}
-
 }  // namespace
 
 std::string CpuBackend::device_name() const {
@@ -58,15 +49,12 @@ std::string CpuBackend::device_name() const {
 }
 
 std::unique_ptr<Buffer> CpuBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) fail("alloc: negative shape [{}, {}]", rows, cols);
+  check_alloc_args(rows, cols);
   return std::make_unique<CpuBuffer>(dtype, rows, cols);
 }
 
 Tensor CpuBackend::upload_weight(const TensorView& view, int64_t rows, int64_t cols) {
-  int64_t numel = std::accumulate(view.shape.begin(), view.shape.end(), int64_t{1}, std::multiplies<>());
-  if (rows < 0 || cols < 0 || numel != rows * cols)
-    fail("upload_weight: tensor {} has shape [{}] ({} elements), expected [{}, {}]", view.name,
-         fmt::join(view.shape, ", "), numel, rows, cols);
+  check_upload_weight_args(view, rows, cols);
   // The view of the read-only mapping is exposed as mutable memory only because Tensor has one pointer type;
   // ops never write their weight arguments.
   return Tensor::make(view.dtype, rows, cols, const_cast<uint8_t*>(view.data));
@@ -87,9 +75,7 @@ void CpuBackend::fill_zero(const Tensor& dst) {
 }
 
 void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
-  if (dst.dtype != src.dtype)
-    fail("copy: dst is {} but src is {}", dtype_name(dst.dtype), dtype_name(src.dtype));
-  require_shape("copy", "dst", dst, src.rows, src.cols);
+  check_copy_args(dst, src);
   for (int64_t r = 0; r < dst.rows; ++r) std::memmove(row_start(dst, r), row_start(src, r), row_bytes(dst));
 }
 

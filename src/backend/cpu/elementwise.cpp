@@ -1,10 +1,9 @@
 // Elementwise ops on F32 activations (add, silu_mul, sigmoid_mul) and the per-head query/gate split.
 #include <cstring>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/math.h"
-#include "core/error.h"
+#include "backend/op_checks.h"
 
 namespace qspec::cpu {
 
@@ -14,11 +13,7 @@ namespace {
 template <typename Combine>
 void elementwise(std::string_view op, std::string_view a_name, std::string_view b_name, const Tensor& out,
                  const Tensor& a, const Tensor& b, Combine combine) {
-  require_activation(op, a_name, a);
-  require_activation(op, b_name, b);
-  require_activation(op, "out", out);
-  require_shape(op, b_name, b, a.rows, a.cols);
-  require_shape(op, "out", out, a.rows, a.cols);
+  check_elementwise_args(op, a_name, b_name, out, a, b);
   for (int64_t t = 0; t < a.rows; ++t) {
     const float* x = a.row<float>(t);
     const float* y = b.row<float>(t);
@@ -42,13 +37,7 @@ void CpuBackend::sigmoid_mul(const Tensor& out, const Tensor& x, const Tensor& g
 }
 
 void CpuBackend::split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim) {
-  require_activation("split_query_gate", "qg", qg);
-  require_activation("split_query_gate", "query", query);
-  require_activation("split_query_gate", "gate", gate);
-  if (head_dim <= 0 || qg.cols % (2 * head_dim) != 0)
-    fail("split_query_gate: qg has {} columns, not a multiple of 2 * head_dim = {}", qg.cols, 2 * head_dim);
-  require_shape("split_query_gate", "query", query, qg.rows, qg.cols / 2);
-  require_shape("split_query_gate", "gate", gate, qg.rows, qg.cols / 2);
+  check_split_query_gate_args(query, gate, qg, head_dim);
   const auto bytes = static_cast<size_t>(head_dim) * sizeof(float);
   for (int64_t t = 0; t < qg.rows; ++t)
     for (int64_t h = 0; h < qg.cols / (2 * head_dim); ++h) {

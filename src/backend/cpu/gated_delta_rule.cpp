@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/math.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -15,28 +15,6 @@ namespace qspec::cpu {
 namespace {
 
 constexpr float kL2NormEps = 1e-6f;
-
-void check_gdn_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                    const Tensor& state, const GdnShape& shape) {
-  constexpr std::string_view op = "gated_delta_rule";
-  const auto& [nk, nv, dk, dv] = shape;
-  if (nk <= 0 || nv <= 0 || dk <= 0 || dv <= 0 || nv % nk != 0)
-    fail(
-        "{}: bad GdnShape (num_key_heads {}, num_value_heads {}, key_head_dim {}, value_head_dim {}): "
-        "dims must be positive and num_value_heads a multiple of num_key_heads",
-        op, nk, nv, dk, dv);
-  require_activation(op, "qkv", qkv);
-  require_activation(op, "out", out);
-  require_activation(op, "beta", beta);
-  require_activation(op, "g", g);
-  require_activation(op, "state", state);
-  const int64_t tokens = qkv.rows;
-  require_shape(op, "qkv", qkv, tokens, 2 * int64_t{nk} * dk + int64_t{nv} * dv);
-  require_shape(op, "out", out, tokens, int64_t{nv} * dv);
-  require_shape(op, "beta", beta, tokens, nv);
-  require_shape(op, "g", g, tokens, nv);
-  require_shape(op, "state", state, int64_t{nv} * dk, dv);
-}
 
 // x * rsqrt(sum(x^2) + eps) * extra_scale, as HF's l2norm followed by the query scaling.
 void l2_normalize(const float* x, int64_t n, float extra_scale, float* out) {
@@ -188,7 +166,8 @@ void chunked_head(const HeadSequence& in, std::vector<float>& s, const Tensor& o
 template <typename HeadRule>
 void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                    const Tensor& state, const GdnShape& shape, HeadRule head_rule) {
-  check_gdn_args(out, qkv, beta, g, state, shape);
+  check_gdn_shape(shape);
+  check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
   ThreadPool::global().parallel_for(
       static_cast<size_t>(shape.num_value_heads), [&](size_t begin, size_t end) {
         for (auto head = static_cast<int>(begin); head < static_cast<int>(end); ++head) {

@@ -2,27 +2,17 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/math.h"
 #include "backend/cpu/weight_values.h"
+#include "backend/op_checks.h"
 
 namespace qspec::cpu {
 
 void CpuBackend::gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                            const Tensor& a_log, const Tensor& dt_bias) {
-  require_activation("gdn_gates", "b", b);
-  require_activation("gdn_gates", "a", a);
-  require_activation("gdn_gates", "beta", beta);
-  require_activation("gdn_gates", "g", g);
-  require_weight("gdn_gates", "a_log", a_log);
-  require_weight("gdn_gates", "dt_bias", dt_bias);
+  check_gdn_gates_args(beta, g, b, a, a_log, dt_bias);
   const int64_t heads = b.cols;
-  require_shape("gdn_gates", "a", a, b.rows, heads);
-  require_shape("gdn_gates", "beta", beta, b.rows, heads);
-  require_shape("gdn_gates", "g", g, b.rows, heads);
-  require_shape("gdn_gates", "a_log", a_log, 1, heads);
-  require_shape("gdn_gates", "dt_bias", dt_bias, 1, heads);
   std::vector<float> decay_rate = weight_vector(a_log);
   for (float& r : decay_rate) r = -std::exp(r);
   const std::vector<float> bias = weight_vector(dt_bias);

@@ -2,28 +2,15 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/math.h"
 #include "backend/cpu/weight_values.h"
-#include "core/error.h"
+#include "backend/op_checks.h"
 #include "core/thread_pool.h"
 
 namespace qspec::cpu {
 
 namespace {
-
-// x [T, C] normalised in groups of `group` columns; C must be a whole number of groups.
-void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, const Tensor& weight) {
-  require_activation(op, "x", x);
-  require_activation(op, "out", out);
-  require_weight(op, "weight", weight);
-  if (weight.rows != 1 || weight.cols <= 0)
-    fail("{}: weight has shape [{}, {}], expected [1, group]", op, weight.rows, weight.cols);
-  if (x.cols % weight.cols != 0)
-    fail("{}: x has {} columns, not a multiple of the weight's {} (the group size)", op, x.cols, weight.cols);
-  require_shape(op, "out", out, x.rows, x.cols);
-}
 
 // 1 / sqrt(mean(x^2) + eps) as torch.rsqrt(x.pow(2).mean(-1) + eps) in fp32.
 float inverse_rms(const float* x, int64_t n, float eps) {
@@ -58,8 +45,7 @@ void CpuBackend::rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weigh
 void CpuBackend::gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                                float eps) {
   check_norm_args("gated_rmsnorm", out, x, weight);
-  require_activation("gated_rmsnorm", "z", z);
-  require_shape("gated_rmsnorm", "z", z, x.rows, x.cols);
+  check_norm_gate_args(z, x);
   std::vector<float> scale = weight_vector(weight);
   for_each_group(x, weight.cols, eps, [&](int64_t t, int64_t first, float inv) {
     const float* in = x.row<float>(t) + first;

@@ -4,20 +4,14 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
-#include "core/error.h"
+#include "backend/op_checks.h"
 
 namespace qspec::cpu {
 
 void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, double theta) {
-  require_activation("rope", "x", x);
-  require_indices("rope", "positions", positions, x.rows);
-  if (head_dim <= 0 || x.cols % head_dim != 0)
-    fail("rope: x has {} columns, not a multiple of head_dim {}", x.cols, head_dim);
-  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-    fail("rope: rotary_dim {} must be even and in (0, head_dim = {}]", rotary_dim, head_dim);
-  if (!(theta > 0.0)) fail("rope: theta must be positive, got {}", theta);
+  check_rope_args(x, positions, head_dim, rotary_dim);
+  check_rope_theta(theta);
   const int half = rotary_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i)

@@ -1,18 +1,15 @@
 // Ops that move whole rows by index: embed (gather from a table) and kv_store (scatter into a cache).
 #include <cstring>
 
-#include "backend/cpu/checks.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/weight_values.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace qspec::cpu {
 
 void CpuBackend::embed(const Tensor& out, const Tensor& table, const Tensor& ids) {
-  require_activation("embed", "out", out);
-  require_weight("embed", "table", table);
-  require_indices("embed", "ids", ids, out.rows);
-  require_shape("embed", "out", out, ids.rows, table.cols);
+  check_embed_args(out, table, ids);
   for (int64_t t = 0; t < ids.rows; ++t) {
     int32_t id = ids.row<int32_t>(t)[0];
     if (id < 0 || id >= table.rows)
@@ -22,10 +19,7 @@ void CpuBackend::embed(const Tensor& out, const Tensor& table, const Tensor& ids
 }
 
 void CpuBackend::kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) {
-  require_activation("kv_store", "cache", cache);
-  require_activation("kv_store", "x", x);
-  require_indices("kv_store", "positions", positions, x.rows);
-  if (x.cols != cache.cols) fail("kv_store: x has {} columns but the cache has {}", x.cols, cache.cols);
+  check_kv_store_args(cache, x, positions);
   for (int64_t t = 0; t < x.rows; ++t) {
     int32_t position = positions.row<int32_t>(t)[0];
     if (position < 0 || position >= cache.rows)

@@ -1,0 +1,233 @@
+#include "backend/op_checks.h"
+
+#include <fmt/ranges.h>
+
+#include <functional>
+#include <numeric>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace qspec {
+
+namespace {
+
+void require_data(std::string_view op, std::string_view arg, const Tensor& t) {
+  if (t.empty() && t.numel() > 0) fail("{}: {} has no data", op, arg);
+  if (t.rows < 0 || t.cols < 0) fail("{}: {} has a negative shape [{}, {}]", op, arg, t.rows, t.cols);
+  if (t.rows > 1 && t.stride < t.cols)
+    fail("{}: {} has row stride {} smaller than its {} columns", op, arg, t.stride, t.cols);
+}
+
+}  // namespace
+
+void require_dtype(std::string_view op, std::string_view arg, const Tensor& t, DType dtype) {
+  if (t.dtype != dtype) fail("{}: {} must be {}, got {}", op, arg, dtype_name(dtype), dtype_name(t.dtype));
+  require_data(op, arg, t);
+}
+
+void require_activation(std::string_view op, std::string_view arg, const Tensor& t) {
+  require_dtype(op, arg, t, DType::F32);
+}
+
+void require_weight(std::string_view op, std::string_view arg, const Tensor& t) {
+  if (t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F32)
+    fail("{}: weight {} must be BF16, F16 or F32, got {}", op, arg, dtype_name(t.dtype));
+  require_data(op, arg, t);
+}
+
+void require_shape(std::string_view op, std::string_view arg, const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.rows != rows || t.cols != cols)
+    fail("{}: {} has shape [{}, {}], expected [{}, {}]", op, arg, t.rows, t.cols, rows, cols);
+}
+
+void require_indices(std::string_view op, std::string_view arg, const Tensor& t, int64_t rows) {
+  require_dtype(op, arg, t, DType::I32);
+  require_shape(op, arg, t, rows, 1);
+}
+
+void require_contiguous(std::string_view op, std::string_view arg, const Tensor& t) {
+  if (!t.contiguous()) fail("{}: {} must be contiguous (stride {} != {} columns)", op, arg, t.stride, t.cols);
+}
+
+void check_alloc_args(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) fail("alloc: negative shape [{}, {}]", rows, cols);
+}
+
+void check_upload_weight_args(const TensorView& view, int64_t rows, int64_t cols) {
+  const int64_t numel =
+      std::accumulate(view.shape.begin(), view.shape.end(), int64_t{1}, std::multiplies<>());
+  if (rows < 0 || cols < 0 || numel != rows * cols)
+    fail("upload_weight: tensor {} has shape [{}] ({} elements), expected [{}, {}]", view.name,
+         fmt::join(view.shape, ", "), numel, rows, cols);
+}
+
+void check_copy_args(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype)
+    fail("copy: dst is {} but src is {}", dtype_name(dst.dtype), dtype_name(src.dtype));
+  require_shape("copy", "dst", dst, src.rows, src.cols);
+}
+
+void check_embed_args(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  require_activation("embed", "out", out);
+  require_weight("embed", "table", table);
+  require_indices("embed", "ids", ids, out.rows);
+  require_shape("embed", "out", out, ids.rows, table.cols);
+}
+
+void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, const Tensor& weight) {
+  require_activation(op, "x", x);
+  require_activation(op, "out", out);
+  require_weight(op, "weight", weight);
+  if (weight.rows != 1 || weight.cols <= 0)
+    fail("{}: weight has shape [{}, {}], expected [1, group]", op, weight.rows, weight.cols);
+  if (x.cols % weight.cols != 0)
+    fail("{}: x has {} columns, not a multiple of the weight's {} (the group size)", op, x.cols, weight.cols);
+  require_shape(op, "out", out, x.rows, x.cols);
+}
+
+void check_norm_gate_args(const Tensor& z, const Tensor& x) {
+  require_activation("gated_rmsnorm", "z", z);
+  require_shape("gated_rmsnorm", "z", z, x.rows, x.cols);
+}
+
+void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w) {
+  require_activation("linear", "x", x);
+  require_activation("linear", "out", out);
+  if (x.cols != w.in_features)
+    fail("linear: x has {} columns but the weight has in_features {}", x.cols, w.in_features);
+  require_shape("linear", "out", out, x.rows, w.out_features);
+  if (w.quantized()) {
+    if (w.in_features % 8 != 0)
+      fail("linear: W4A16 in_features {} is not a multiple of 8 (nibbles per packed word)", w.in_features);
+    if (w.group_size <= 0) fail("linear: W4A16 group_size must be positive, got {}", w.group_size);
+    require_dtype("linear", "packed weight", w.packed, DType::I32);
+    require_shape("linear", "packed weight", w.packed, w.out_features, w.in_features / 8);
+    require_weight("linear", "scales", w.scales);
+    require_shape("linear", "scales", w.scales, w.out_features,
+                  (w.in_features + w.group_size - 1) / w.group_size);
+  } else {
+    require_weight("linear", "weight", w.weight);
+    require_shape("linear", "weight", w.weight, w.out_features, w.in_features);
+  }
+}
+
+void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,
+                            const Tensor& out, const Tensor& a, const Tensor& b) {
+  require_activation(op, a_name, a);
+  require_activation(op, b_name, b);
+  require_activation(op, "out", out);
+  require_shape(op, b_name, b, a.rows, a.cols);
+  require_shape(op, "out", out, a.rows, a.cols);
+}
+
+void check_split_query_gate_args(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim) {
+  require_activation("split_query_gate", "qg", qg);
+  require_activation("split_query_gate", "query", query);
+  require_activation("split_query_gate", "gate", gate);
+  if (head_dim <= 0 || qg.cols % (2 * head_dim) != 0)
+    fail("split_query_gate: qg has {} columns, not a multiple of 2 * head_dim = {}", qg.cols, 2 * head_dim);
+  require_shape("split_query_gate", "query", query, qg.rows, qg.cols / 2);
+  require_shape("split_query_gate", "gate", gate, qg.rows, qg.cols / 2);
+}
+
+void check_rope_args(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim) {
+  require_activation("rope", "x", x);
+  require_indices("rope", "positions", positions, x.rows);
+  if (head_dim <= 0 || x.cols % head_dim != 0)
+    fail("rope: x has {} columns, not a multiple of head_dim {}", x.cols, head_dim);
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    fail("rope: rotary_dim {} must be even and in (0, head_dim = {}]", rotary_dim, head_dim);
+}
+
+void check_rope_theta(double theta) {
+  if (!(theta > 0.0)) fail("rope: theta must be positive, got {}", theta);
+}
+
+void check_kv_store_args(const Tensor& cache, const Tensor& x, const Tensor& positions) {
+  require_activation("kv_store", "cache", cache);
+  require_activation("kv_store", "x", x);
+  require_indices("kv_store", "positions", positions, x.rows);
+  if (x.cols != cache.cols) fail("kv_store: x has {} columns but the cache has {}", x.cols, cache.cols);
+}
+
+void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const AttentionShape& shape) {
+  require_activation("attention", "q", q);
+  require_activation("attention", "out", out);
+  require_activation("attention", "k_cache", k_cache);
+  require_activation("attention", "v_cache", v_cache);
+  if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.num_heads % shape.num_kv_heads != 0)
+    fail("attention: num_heads {} must be a positive multiple of num_kv_heads {} (head_dim {})",
+         shape.num_heads, shape.num_kv_heads, shape.head_dim);
+}
+
+void check_attention_widths(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& positions, const AttentionShape& shape) {
+  const int64_t q_cols = int64_t{shape.num_heads} * shape.head_dim;
+  const int64_t kv_cols = int64_t{shape.num_kv_heads} * shape.head_dim;
+  require_shape("attention", "q", q, q.rows, q_cols);
+  require_shape("attention", "out", out, q.rows, q_cols);
+  require_shape("attention", "k_cache", k_cache, k_cache.rows, kv_cols);
+  require_shape("attention", "v_cache", v_cache, k_cache.rows, kv_cols);
+  require_indices("attention", "positions", positions, q.rows);
+}
+
+void check_conv1d_operands(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) {
+  require_activation("conv1d_silu", "x", x);
+  require_activation("conv1d_silu", "out", out);
+  require_activation("conv1d_silu", "state", state);
+  require_weight("conv1d_silu", "weight", weight);
+}
+
+void check_conv1d_shapes(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) {
+  require_shape("conv1d_silu", "weight", weight, x.cols, weight.cols);
+  require_shape("conv1d_silu", "state", state, x.cols, weight.cols - 1);
+  require_shape("conv1d_silu", "out", out, x.rows, x.cols);
+}
+
+void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
+                          const Tensor& a_log, const Tensor& dt_bias) {
+  require_activation("gdn_gates", "b", b);
+  require_activation("gdn_gates", "a", a);
+  require_activation("gdn_gates", "beta", beta);
+  require_activation("gdn_gates", "g", g);
+  require_weight("gdn_gates", "a_log", a_log);
+  require_weight("gdn_gates", "dt_bias", dt_bias);
+  const int64_t heads = b.cols;
+  require_shape("gdn_gates", "a", a, b.rows, heads);
+  require_shape("gdn_gates", "beta", beta, b.rows, heads);
+  require_shape("gdn_gates", "g", g, b.rows, heads);
+  require_shape("gdn_gates", "a_log", a_log, 1, heads);
+  require_shape("gdn_gates", "dt_bias", dt_bias, 1, heads);
+}
+
+void check_gdn_shape(const GdnShape& shape) {
+  const auto& [nk, nv, dk, dv] = shape;
+  if (nk <= 0 || nv <= 0 || dk <= 0 || dv <= 0 || nv % nk != 0)
+    fail(
+        "gated_delta_rule: bad GdnShape (num_key_heads {}, num_value_heads {}, key_head_dim {}, "
+        "value_head_dim "
+        "{}): dims must be positive and num_value_heads a multiple of num_key_heads",
+        nk, nv, dk, dv);
+}
+
+void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                 const Tensor& state, const GdnShape& shape) {
+  constexpr std::string_view op = "gated_delta_rule";
+  const auto& [nk, nv, dk, dv] = shape;
+  require_activation(op, "qkv", qkv);
+  require_activation(op, "out", out);
+  require_activation(op, "beta", beta);
+  require_activation(op, "g", g);
+  require_activation(op, "state", state);
+  const int64_t tokens = qkv.rows;
+  require_shape(op, "qkv", qkv, tokens, 2 * int64_t{nk} * dk + int64_t{nv} * dv);
+  require_shape(op, "out", out, tokens, int64_t{nv} * dv);
+  require_shape(op, "beta", beta, tokens, nv);
+  require_shape(op, "g", g, tokens, nv);
+  require_shape(op, "state", state, int64_t{nv} * dk, dv);
+}
+
+}  // namespace qspec

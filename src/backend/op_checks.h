@@ -1,0 +1,61 @@
+// Argument checks of the op set (backend/ops.h), shared by every backend so that all of them refuse the same
+// calls with the same words. Each throws one Error "OP: ARG ..." that names the op, the argument and what was
+// expected. A backend adds only what is its own (CUDA: kernel size limits; CPU: index ranges it reads on the
+// host) between or after these, in the order it checks them.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "backend/ops.h"
+
+namespace qspec {
+
+// ---- single tensors
+// An F32 activation with data (strided views allowed).
+void require_activation(std::string_view op, std::string_view arg, const Tensor& t);
+// A weight read as fp32: BF16, F16 or F32.
+void require_weight(std::string_view op, std::string_view arg, const Tensor& t);
+void require_dtype(std::string_view op, std::string_view arg, const Tensor& t, DType dtype);
+void require_shape(std::string_view op, std::string_view arg, const Tensor& t, int64_t rows, int64_t cols);
+// positions / ids: I32 [rows, 1].
+void require_indices(std::string_view op, std::string_view arg, const Tensor& t, int64_t rows);
+void require_contiguous(std::string_view op, std::string_view arg, const Tensor& t);
+
+// ---- memory
+void check_alloc_args(int64_t rows, int64_t cols);
+// The checkpoint tensor holds rows * cols elements.
+void check_upload_weight_args(const TensorView& view, int64_t rows, int64_t cols);
+void check_copy_args(const Tensor& dst, const Tensor& src);
+
+// ---- ops (arguments as in Backend)
+void check_embed_args(const Tensor& out, const Tensor& table, const Tensor& ids);
+// rmsnorm / gated_rmsnorm: x [T, C] normalised in groups of weight.cols columns; C a whole number of groups.
+void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, const Tensor& weight);
+// gated_rmsnorm's gate z, shaped as x.
+void check_norm_gate_args(const Tensor& z, const Tensor& x);
+void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w);
+// add, silu_mul, sigmoid_mul: out = combine(a, b), all F32 of one shape.
+void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,
+                            const Tensor& out, const Tensor& a, const Tensor& b);
+void check_split_query_gate_args(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim);
+// rope's tensors and head/rotary dims; its theta on its own.
+void check_rope_args(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim);
+void check_rope_theta(double theta);
+void check_kv_store_args(const Tensor& cache, const Tensor& x, const Tensor& positions);
+// attention's dtypes and a valid GQA shape; then the tensors' widths against that shape.
+void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const AttentionShape& shape);
+void check_attention_widths(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& positions, const AttentionShape& shape);
+// conv1d_silu's dtypes; then, once the backend has checked the kernel size (weight.cols), the shapes.
+void check_conv1d_operands(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight);
+void check_conv1d_shapes(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight);
+void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
+                          const Tensor& a_log, const Tensor& dt_bias);
+// gated_delta_rule: a valid GdnShape; then the tensors against it.
+void check_gdn_shape(const GdnShape& shape);
+void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                 const Tensor& state, const GdnShape& shape);
+
+}  // namespace qspec
