@@ -2,11 +2,10 @@
 // templates, and passing options to the template the way apply_chat_template does.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "core/error.h"
+#include "temp_dir.h"
 #include "tokenizer/chat_template.h"
 
 namespace qspec {
@@ -15,24 +14,7 @@ namespace {
 const std::filesystem::path kQwen35 =
     std::filesystem::path(QSPEC_FIXTURES_DIR) / "chat_template" / "qwen3_5.jinja";
 
-// A fresh directory under the system temp directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device random;
-    path_ = std::filesystem::temp_directory_path() / ("qspec_chat_template_" + std::to_string(random()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::filesystem::path& path() const { return path_; }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(path_ / name) << text; }
-
- private:
-  std::filesystem::path path_;
-};
+using testing_support::TempDir;
 
 nlohmann::ordered_json hello() {
   return nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Hello"}])");

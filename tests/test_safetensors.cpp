@@ -1,5 +1,4 @@
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -14,11 +13,13 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "temp_dir.h"
 
 namespace qspec {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_support::TempDir;
 
 // Passes when `action` throws qspec::Error and its message holds every one of `parts`.
 template <typename Action>
@@ -79,20 +80,10 @@ std::vector<uint8_t> bytes_of(const TensorView& view) {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    // Neutral names (no test name in the path), so a message cannot pass a check through its path alone.
-    static int tests_run = 0;
-    dir_ = fs::temp_directory_path() /
-           ("qspec-st-" + std::to_string(::getpid()) + "-" + std::to_string(tests_run++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Writes a hand-made file and checks that opening it fails with a message naming the file and `parts`.
   ::testing::AssertionResult RejectsHeader(std::string_view header, size_t payload_bytes,
                                            std::initializer_list<std::string_view> parts) {
-    const fs::path path = dir_ / "bad.safetensors";
+    const fs::path path = dir_.path() / "bad.safetensors";
     write_file(path, raw_safetensors(header, payload_bytes));
     ::testing::AssertionResult names_file =
         ThrowsErrorMentioning([&] { SafetensorsFile file(path.string()); }, {path.string()});
@@ -100,7 +91,7 @@ class SafetensorsTest : public ::testing::Test {
     return ThrowsErrorMentioning([&] { SafetensorsFile file(path.string()); }, parts);
   }
 
-  fs::path dir_;
+  TempDir dir_;
 };
 
 TEST_F(SafetensorsTest, RoundTripsDtypesShapesScalarsAndEmptyTensors) {
@@ -111,7 +102,7 @@ TEST_F(SafetensorsTest, RoundTripsDtypesShapesScalarsAndEmptyTensors) {
       {"empty.u8", DType::U8, {0, 5}, {}},
       {"fp8", DType::F8_E4M3, {3, 1, 2}, counting_bytes(6, 200)},
   };
-  const fs::path path = dir_ / "model.safetensors";
+  const fs::path path = dir_.path() / "model.safetensors";
   write_safetensors(path.string(), tensors);
 
   SafetensorsFile file(path.string());
@@ -145,7 +136,7 @@ TEST_F(SafetensorsTest, WriterPadsHeaderAndStoresTensorsContiguouslyInOrder) {
       {"b", DType::U8, {3}, counting_bytes(3, 1)},
       {"a", DType::U16, {2}, counting_bytes(4, 50)},
   };
-  const fs::path path = dir_ / "x.safetensors";
+  const fs::path path = dir_.path() / "x.safetensors";
   write_safetensors(path.string(), tensors);
   EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
 
@@ -166,7 +157,7 @@ TEST_F(SafetensorsTest, WriterPadsHeaderAndStoresTensorsContiguouslyInOrder) {
 TEST_F(SafetensorsTest, MetadataRoundTrips) {
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"note", "héllo \"quoted\""}};
   const std::vector<TensorData> tensors = {{"t", DType::F16, {1}, {0, 60}}};
-  const fs::path path = dir_ / "m.safetensors";
+  const fs::path path = dir_.path() / "m.safetensors";
   write_safetensors(path.string(), tensors, metadata);
   SafetensorsFile file(path.string());
   EXPECT_EQ(file.metadata(), metadata);
@@ -178,7 +169,7 @@ TEST_F(SafetensorsTest, ReadsHandMadeFileWithSpacePaddingGapsAndEmptyTensorInsid
       R"({"__metadata__":{"k":"v"},"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
       R"("gap":{"dtype":"I16","shape":[2],"data_offsets":[4,8]},)"
       R"("empty":{"dtype":"F32","shape":[0],"data_offsets":[5,5]}}     )";
-  const fs::path path = dir_ / "hand.safetensors";
+  const fs::path path = dir_.path() / "hand.safetensors";
   write_file(path, raw_safetensors(header, 8));
   TensorStore store = TensorStore::open_file(path.string());
   ASSERT_EQ(store.all().size(), 3u);
@@ -190,7 +181,7 @@ TEST_F(SafetensorsTest, ReadsHandMadeFileWithSpacePaddingGapsAndEmptyTensorInsid
 
 TEST_F(SafetensorsTest, RejectsFileShorterThanLengthField) {
   for (size_t size : {size_t{0}, size_t{5}}) {
-    const fs::path path = dir_ / "x.safetensors";
+    const fs::path path = dir_.path() / "x.safetensors";
     write_file(path, std::vector<uint8_t>(size, 0));
     EXPECT_TRUE(
         ThrowsErrorMentioning([&] { SafetensorsFile file(path.string()); }, {path.string(), "too short"}))
@@ -199,14 +190,14 @@ TEST_F(SafetensorsTest, RejectsFileShorterThanLengthField) {
 }
 
 TEST_F(SafetensorsTest, RejectsAbsurdHeaderLength) {
-  const fs::path path = dir_ / "x.safetensors";
+  const fs::path path = dir_.path() / "x.safetensors";
   write_file(path, u64_le(uint64_t{1} << 62));
   EXPECT_TRUE(ThrowsErrorMentioning([&] { SafetensorsFile file(path.string()); },
                                     {path.string(), "header length 4611686018427387904 is absurd"}));
 }
 
 TEST_F(SafetensorsTest, RejectsHeaderLengthBeyondFile) {
-  const fs::path path = dir_ / "long.safetensors";
+  const fs::path path = dir_.path() / "long.safetensors";
   std::vector<uint8_t> bytes = u64_le(100);
   bytes.insert(bytes.end(), {'{', '}'});
   write_file(path, bytes);
@@ -317,12 +308,12 @@ TEST_F(SafetensorsTest, RejectsMalformedMetadata) {
 }
 
 TEST_F(SafetensorsTest, OpenReportsAMissingFile) {
-  const std::string path = (dir_ / "absent.safetensors").string();
+  const std::string path = (dir_.path() / "absent.safetensors").string();
   EXPECT_TRUE(ThrowsErrorMentioning([&] { SafetensorsFile file(path); }, {path, "cannot open"}));
 }
 
 TEST_F(SafetensorsTest, WriterRejectsBytesThatDisagreeWithShape) {
-  const std::string path = (dir_ / "w.safetensors").string();
+  const std::string path = (dir_.path() / "w.safetensors").string();
   const std::vector<TensorData> tensors = {{"t", DType::F32, {2, 2}, counting_bytes(12, 0)}};
   EXPECT_TRUE(ThrowsErrorMentioning([&] { write_safetensors(path, tensors); },
                                     {path, "tensor \"t\"", "has 12 bytes", "shape [2, 2] of F32 needs 16"}));
@@ -331,7 +322,7 @@ TEST_F(SafetensorsTest, WriterRejectsBytesThatDisagreeWithShape) {
 }
 
 TEST_F(SafetensorsTest, WriterRejectsNegativeAndOverflowingShapes) {
-  const std::string path = (dir_ / "w.safetensors").string();
+  const std::string path = (dir_.path() / "w.safetensors").string();
   const std::vector<TensorData> negative = {{"t", DType::U8, {-2}, {}}};
   EXPECT_TRUE(ThrowsErrorMentioning([&] { write_safetensors(path, negative); },
                                     {path, "tensor \"t\"", "negative dimension in shape [-2]"}));
@@ -342,7 +333,7 @@ TEST_F(SafetensorsTest, WriterRejectsNegativeAndOverflowingShapes) {
 }
 
 TEST_F(SafetensorsTest, WriterRejectsRepeatedAndReservedNames) {
-  const std::string path = (dir_ / "w.safetensors").string();
+  const std::string path = (dir_.path() / "w.safetensors").string();
   const std::vector<TensorData> repeated = {{"t", DType::U8, {1}, {1}}, {"t", DType::U8, {1}, {2}}};
   EXPECT_TRUE(
       ThrowsErrorMentioning([&] { write_safetensors(path, repeated); }, {path, "tensor \"t\"", "twice"}));
@@ -353,13 +344,13 @@ TEST_F(SafetensorsTest, WriterRejectsRepeatedAndReservedNames) {
 }
 
 TEST_F(SafetensorsTest, WriterReportsAnUncreatablePath) {
-  const std::string path = (dir_ / "no-such-dir" / "w.safetensors").string();
+  const std::string path = (dir_.path() / "no-such-dir" / "w.safetensors").string();
   const std::vector<TensorData> tensors = {{"t", DType::U8, {1}, {1}}};
   EXPECT_TRUE(ThrowsErrorMentioning([&] { write_safetensors(path, tensors); }, {path, "cannot create"}));
 }
 
 TEST_F(SafetensorsTest, WriterLeavesNoTemporaryFileWhenTheRenameFails) {
-  const fs::path occupied = dir_ / "occupied";  // a non-empty directory cannot be replaced by a file
+  const fs::path occupied = dir_.path() / "occupied";  // a non-empty directory cannot be replaced by a file
   fs::create_directories(occupied / "inside");
   const std::vector<TensorData> tensors = {{"t", DType::U8, {1}, {1}}};
   EXPECT_TRUE(ThrowsErrorMentioning([&] { write_safetensors(occupied.string(), tensors); },
@@ -376,19 +367,19 @@ class CheckpointDirTest : public SafetensorsTest {
     std::vector<TensorData> tensors;
     for (size_t i = 0; i < tensor_names.size(); ++i)
       tensors.push_back({tensor_names[i], DType::U8, {2}, counting_bytes(2, static_cast<uint8_t>(10 * i))});
-    write_safetensors((dir_ / name).string(), tensors);
+    write_safetensors((dir_.path() / name).string(), tensors);
   }
 
   void WriteIndex(std::string_view weight_map_json) {
-    write_text(dir_ / "model.safetensors.index.json",
+    write_text(dir_.path() / "model.safetensors.index.json",
                std::string(R"({"metadata": {"total_size": 8}, "weight_map": )") +
                    std::string(weight_map_json) + "}");
   }
 
-  std::string index_path() const { return (dir_ / "model.safetensors.index.json").string(); }
+  std::string index_path() const { return (dir_.path() / "model.safetensors.index.json").string(); }
 
   ::testing::AssertionResult OpenFails(std::initializer_list<std::string_view> parts) {
-    return ThrowsErrorMentioning([&] { TensorStore::open_dir(dir_.string()); }, parts);
+    return ThrowsErrorMentioning([&] { TensorStore::open_dir(dir_.str()); }, parts);
   }
 };
 
@@ -398,42 +389,41 @@ TEST_F(CheckpointDirTest, ShardedRoundTrip) {
   WriteIndex(
       R"({"a.weight": "model-00001-of-00002.safetensors", "z.weight": "model-00001-of-00002.safetensors",
                  "m.weight": "model-00002-of-00002.safetensors"})");
-  TensorStore store = TensorStore::open_dir(dir_.string());
-  EXPECT_EQ(store.source(), dir_.string());
+  TensorStore store = TensorStore::open_dir(dir_.str());
+  EXPECT_EQ(store.source(), dir_.str());
   ASSERT_EQ(store.all().size(), 3u);
   EXPECT_EQ(store.all()[0]->name, "a.weight");
   EXPECT_EQ(store.all()[1]->name, "m.weight");
   EXPECT_EQ(store.all()[2]->name, "z.weight");
-  EXPECT_EQ(*store.get("m.weight").file, (dir_ / "model-00002-of-00002.safetensors").string());
-  EXPECT_EQ(*store.get("a.weight").file, (dir_ / "model-00001-of-00002.safetensors").string());
+  EXPECT_EQ(*store.get("m.weight").file, (dir_.path() / "model-00002-of-00002.safetensors").string());
+  EXPECT_EQ(*store.get("a.weight").file, (dir_.path() / "model-00001-of-00002.safetensors").string());
   EXPECT_EQ(bytes_of(store.get("a.weight")), (std::vector<uint8_t>{10, 11}));
   EXPECT_EQ(store.find("absent"), nullptr);
-  EXPECT_TRUE(
-      ThrowsErrorMentioning([&] { store.get("absent"); }, {"missing tensor absent in", dir_.string()}));
+  EXPECT_TRUE(ThrowsErrorMentioning([&] { store.get("absent"); }, {"missing tensor absent in", dir_.str()}));
 }
 
 TEST_F(CheckpointDirTest, OpensSingleFileWhenThereIsNoIndex) {
   WriteShard("model.safetensors", {"b", "a"});
-  TensorStore store = TensorStore::open_dir(dir_.string());
-  EXPECT_EQ(store.source(), dir_.string());
+  TensorStore store = TensorStore::open_dir(dir_.str());
+  EXPECT_EQ(store.source(), dir_.str());
   ASSERT_EQ(store.all().size(), 2u);
   EXPECT_EQ(store.all()[0]->name, "a");
   EXPECT_EQ(bytes_of(store.get("b")), (std::vector<uint8_t>{0, 1}));
 }
 
 TEST_F(CheckpointDirTest, RejectsDirectoryWithoutCheckpoint) {
-  EXPECT_TRUE(OpenFails({"no model.safetensors or model.safetensors.index.json in", dir_.string()}));
-  const std::string absent = (dir_ / "absent").string();
+  EXPECT_TRUE(OpenFails({"no model.safetensors or model.safetensors.index.json in", dir_.str()}));
+  const std::string absent = (dir_.path() / "absent").string();
   EXPECT_TRUE(
       ThrowsErrorMentioning([&] { TensorStore::open_dir(absent); }, {"no model.safetensors", absent}));
 }
 
 TEST_F(CheckpointDirTest, RejectsMalformedIndex) {
-  write_text(dir_ / "model.safetensors.index.json", "{\"weight_map\": ");
+  write_text(dir_.path() / "model.safetensors.index.json", "{\"weight_map\": ");
   EXPECT_TRUE(OpenFails({index_path(), "not well-formed JSON"}));
-  write_text(dir_ / "model.safetensors.index.json", R"({"metadata": {}})");
+  write_text(dir_.path() / "model.safetensors.index.json", R"({"metadata": {}})");
   EXPECT_TRUE(OpenFails({index_path(), "\"weight_map\""}));
-  write_text(dir_ / "model.safetensors.index.json", R"({"weight_map": ["a", "s.safetensors"]})");
+  write_text(dir_.path() / "model.safetensors.index.json", R"({"weight_map": ["a", "s.safetensors"]})");
   EXPECT_TRUE(OpenFails({index_path(), "\"weight_map\": an object"}));
   WriteIndex(R"({"a": 3})");
   EXPECT_TRUE(OpenFails({index_path(), "weight_map entry \"a\" must be a shard file name"}));
@@ -470,9 +460,9 @@ TEST_F(CheckpointDirTest, RejectsShardTensorMissingFromIndex) {
 }
 
 TEST_F(CheckpointDirTest, ReportsAMalformedShardByItsName) {
-  write_file(dir_ / "s1.safetensors", raw_safetensors(R"({"a": {"dtype": "U8", "shape": [1]}})"));
+  write_file(dir_.path() / "s1.safetensors", raw_safetensors(R"({"a": {"dtype": "U8", "shape": [1]}})"));
   WriteIndex(R"({"a": "s1.safetensors"})");
-  EXPECT_TRUE(OpenFails({(dir_ / "s1.safetensors").string(), "tensor \"a\"", "\"data_offsets\""}));
+  EXPECT_TRUE(OpenFails({(dir_.path() / "s1.safetensors").string(), "tensor \"a\"", "\"data_offsets\""}));
 }
 
 }  // namespace

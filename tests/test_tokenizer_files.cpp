@@ -1,13 +1,10 @@
 // Loading tokenizer.json / tokenizer_config.json: a small valid tokenizer, and one clear error (file + field)
 // for each way a file can be wrong.
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
-#include <fstream>
-
 #include "core/error.h"
+#include "temp_dir.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,7 +12,6 @@ namespace qspec {
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 const char* const kQwenSplit =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -67,20 +63,11 @@ json tiny_config() {
 // A model directory under the temp dir, removed at the end of the test.
 class TokenizerFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("qspec_tok_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir_ / name, std::ios::binary) << text;
-  }
+  void write(const std::string& name, const std::string& text) const { dir_.write(name, text); }
   Tokenizer load(const json& tokenizer, const json* config = nullptr) const {
     write("tokenizer.json", tokenizer.dump());
     if (config != nullptr) write("tokenizer_config.json", config->dump());
-    return Tokenizer(dir_.string());
+    return Tokenizer(dir_.str());
   }
   // The message of the error that loading gives; fails the test when there is none.
   std::string load_error(const json& tokenizer, const json* config = nullptr) const {
@@ -93,7 +80,7 @@ class TokenizerFiles : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
+  testing_support::TempDir dir_;
 };
 
 #define EXPECT_ERROR_HAS(message, part) EXPECT_NE((message).find(part), std::string::npos) << (message)
@@ -127,7 +114,7 @@ TEST_F(TokenizerFiles, LegacyStringMergesAreAccepted) {
 TEST_F(TokenizerFiles, MissingFileAndBrokenJson) {
   const auto load_dir_error = [&] {
     try {
-      Tokenizer t(dir_.string());
+      Tokenizer t(dir_.str());
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -282,7 +269,7 @@ TEST_F(TokenizerFiles, EachBadConfigFieldIsNamed) {
   EXPECT_THROW(
       {
         try {
-          Tokenizer t(dir_.string());
+          Tokenizer t(dir_.str());
         } catch (const Error& e) {
           EXPECT_ERROR_HAS(std::string(e.what()), "tokenizer_config.json: not valid JSON");
           throw;

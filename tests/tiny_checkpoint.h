@@ -3,11 +3,8 @@
 // weight_shape tensors hold their module's [N, K] as a real checkpoint does).
 #pragma once
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,29 +13,11 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "temp_dir.h"
 
 namespace qspec::tiny {
 
-// A fresh directory under the system temp dir, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("qspec-cfg-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::filesystem::path& path() const { return path_; }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using testing_support::TempDir;
 
 // H=64, FF=128, 4 layers (3 GDN + 1 attention), 4 heads / 2 KV heads of 32, GDN 2 key / 4 value heads of 16,
 // vocab 256, conv kernel 4, rotary dim 8.
