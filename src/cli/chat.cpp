@@ -8,14 +8,13 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
+#include <utility>
 
 #include "cli/chat_input.h"
 #include "cli/chat_reply.h"
 #include "cli/commands.h"
 #include "cli/model_run_options.h"
-#include "core/error.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/model_tokenizer.h"
@@ -39,7 +38,8 @@ class ChatSession {
   explicit ChatSession(const ChatArgs& args)
       : args_(args),
         loaded_(LoadedModel::open(args.run.model_dir, args.run.backend)),
-        tokenizer_(require_tokenizer(args, loaded_.model->config().vocab_size)),
+        tokenizer_(std::move(*open_model_tokenizer(args.run.model_dir, args.run.tokenizer_dir,
+                                                   loaded_.model->config().vocab_size, "chat"))),
         template_(ChatTemplate::from_model_dir(tokenizer_.directory)),
         end_of_turn_(end_of_turn_id(tokenizer_)) {
     reset();
@@ -75,14 +75,6 @@ class ChatSession {
   }
 
  private:
-  static ModelTokenizer require_tokenizer(const ChatArgs& args, int vocab_size) {
-    std::optional<ModelTokenizer> tokenizer =
-        open_model_tokenizer(args.run.model_dir, args.run.tokenizer_dir, vocab_size);
-    if (!tokenizer)
-      fail("chat needs a tokenizer: {} has no tokenizer.json; give --tokenizer DIR", args.run.model_dir);
-    return std::move(*tokenizer);
-  }
-
   const ChatArgs& args_;
   LoadedModel loaded_;
   ModelTokenizer tokenizer_;

@@ -34,32 +34,32 @@ struct GenerateArgs {
   bool ignore_eos = false;
 };
 
-const ModelTokenizer& require_tokenizer(const std::optional<ModelTokenizer>& tokenizer,
-                                        const GenerateArgs& args, const char* option) {
-  if (!tokenizer)
-    fail("{} needs a tokenizer: {} has no tokenizer.json; give --tokenizer DIR", option, args.run.model_dir);
-  return *tokenizer;
+// The option whose prompt is text, which needs a tokenizer; empty for ids.
+const char* text_prompt_option(const GenerateArgs& args) {
+  if (!args.prompt_text.empty()) return "--prompt";
+  return args.chat_file.empty() ? "" : "--chat";
 }
 
-std::vector<TokenId> prompt_of(const GenerateArgs& args, const std::optional<ModelTokenizer>& tokenizer) {
+std::vector<TokenId> prompt_of(const GenerateArgs& args, const std::optional<ChatInput>& chat,
+                               const std::optional<ModelTokenizer>& tokenizer) {
   if (!args.prompt_ids.empty()) return parse_token_ids(args.prompt_ids, "--prompt-ids");
-  if (!args.prompt_text.empty())
-    return require_tokenizer(tokenizer, args, "--prompt").tokenizer.encode(args.prompt_text);
-  const ModelTokenizer& chat_tokenizer = require_tokenizer(tokenizer, args, "--chat");
-  const ChatInput chat = read_chat_input(args.chat_file);
-  const std::string text = render_chat(ChatTemplate::from_model_dir(chat_tokenizer.directory), chat.messages,
-                                       cli_chat_options(args.no_thinking, chat.tools));
-  return chat_tokenizer.tokenizer.encode(text);
+  if (!chat) return tokenizer->tokenizer.encode(args.prompt_text);
+  const std::string text = render_chat(ChatTemplate::from_model_dir(tokenizer->directory), chat->messages,
+                                       cli_chat_options(args.no_thinking, chat->tools));
+  return tokenizer->tokenizer.encode(text);
 }
 
 void run_generate(const GenerateArgs& args) {
   const int prompts = !args.prompt_ids.empty() + !args.prompt_text.empty() + !args.chat_file.empty();
   if (prompts != 1) fail("generate: give exactly one of --prompt-ids, --prompt, --chat");
+  // A bad messages file fails before the model is loaded.
+  std::optional<ChatInput> chat;
+  if (!args.chat_file.empty()) chat = read_chat_input(args.chat_file);
   LoadedModel loaded = LoadedModel::open(args.run.model_dir, args.run.backend);
   const Qwen35Config& config = loaded.model->config();
-  const std::optional<ModelTokenizer> tokenizer =
-      open_model_tokenizer(args.run.model_dir, args.run.tokenizer_dir, config.vocab_size);
-  const std::vector<TokenId> prompt = prompt_of(args, tokenizer);
+  const std::optional<ModelTokenizer> tokenizer = open_model_tokenizer(
+      args.run.model_dir, args.run.tokenizer_dir, config.vocab_size, text_prompt_option(args));
+  const std::vector<TokenId> prompt = prompt_of(args, chat, tokenizer);
   const int context = args.run.context > 0 ? args.run.context : int(prompt.size()) + args.run.max_tokens;
   auto state = loaded.model->new_state(context);
 
@@ -67,7 +67,7 @@ void run_generate(const GenerateArgs& args) {
   options.max_tokens = args.run.max_tokens;
   options.sampling = args.run.sampling;
   options.ignore_eos = args.ignore_eos;
-  if (!args.chat_file.empty()) options.stop_ids.push_back(end_of_turn_id(*tokenizer));
+  if (chat) options.stop_ids.push_back(end_of_turn_id(*tokenizer));
   std::optional<GeneratedText> stream;
   if (tokenizer && !args.json) stream.emplace(tokenizer->tokenizer);
   auto print_token = [&](int32_t id) {

@@ -7,10 +7,14 @@
 namespace qspec {
 
 std::optional<ModelTokenizer> open_model_tokenizer(const std::string& model_dir,
-                                                   const std::string& tokenizer_dir, int vocab_size) {
+                                                   const std::string& tokenizer_dir, int vocab_size,
+                                                   std::string_view needed_by) {
   std::string directory = tokenizer_dir;
   if (directory.empty()) {
-    if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) return std::nullopt;
+    if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+      if (needed_by.empty()) return std::nullopt;
+      fail("{} needs a tokenizer: {} has no tokenizer.json; give --tokenizer DIR", needed_by, model_dir);
+    }
     directory = model_dir;
   }
   Tokenizer tokenizer(directory);

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "tokenizer/tokenizer.h"
 
@@ -15,9 +16,11 @@ struct ModelTokenizer {
   Tokenizer tokenizer;
 };
 
-// nullopt when tokenizer_dir is empty and model_dir has no tokenizer.json. Throws qspec::Error naming both
-// directories and both sizes when the tokenizer has more ids than the model's vocab_size.
+// nullopt when tokenizer_dir is empty and model_dir has no tokenizer.json, unless `needed_by` (the option or
+// command that needs it) is given: then that is an Error. Throws qspec::Error naming both directories and
+// both sizes when the tokenizer has more ids than the model's vocab_size.
 std::optional<ModelTokenizer> open_model_tokenizer(const std::string& model_dir,
-                                                   const std::string& tokenizer_dir, int vocab_size);
+                                                   const std::string& tokenizer_dir, int vocab_size,
+                                                   std::string_view needed_by = {});
 
 }  // namespace qspec
