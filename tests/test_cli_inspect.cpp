@@ -1,17 +1,16 @@
 // Runs the qspec binary: `qspec inspect --model DIR [--json]` on good, broken and fixture checkpoints.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 
+#include "run_command.h"
 #include "tiny_checkpoint.h"
 
 namespace qspec {
@@ -19,31 +18,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing_support::CommandResult;
+using testing_support::run_command;
 using tiny::TempDir;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
 CommandResult run_inspect(const std::string& model_dir, const std::string& flags) {
-  TempDir scratch;
-  const fs::path err_path = scratch.path() / "stderr";
-  const std::string command =
-      fmt::format("'{}' inspect --model '{}' {} 2>'{}'", QSPEC_BINARY, model_dir, flags, err_path.string());
-  CommandResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::stringstream err;
-  err << std::ifstream(err_path).rdbuf();
-  result.err = err.str();
-  return result;
+  return run_command(fmt::format("'{}' inspect --model '{}' {}", QSPEC_BINARY, model_dir, flags));
 }
 
 json parse_or_null(const std::string& text) {

@@ -14,6 +14,7 @@
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/sampler.h"
+#include "run_command.h"
 
 namespace qspec {
 namespace {
@@ -171,13 +172,9 @@ TEST_P(Qwen35Oracle, GenerateCommandPrintsHFGreedyTokens) {
   for (int32_t id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   std::string command = std::string(QSPEC_BINARY) + " generate --json --ignore-eos --model " + dir_.string() +
                         " --prompt-ids " + ids + " --max-tokens " + std::to_string(expected.size());
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  ASSERT_EQ(pclose(pipe), 0) << command;
-  std::vector<int32_t> tokens = nlohmann::json::parse(output).at("tokens").get<std::vector<int32_t>>();
+  const testing_support::CommandResult run = testing_support::run_command(command);
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.err;
+  std::vector<int32_t> tokens = nlohmann::json::parse(run.out).at("tokens").get<std::vector<int32_t>>();
   ASSERT_EQ(tokens.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
     if (tokens[i] != expected[i]) {
