@@ -13,8 +13,8 @@
 
 #include "core/half.h"
 #include "run_command.h"
+#include "temp_dir.h"
 #include "test_tokenizer_support.h"
-#include "tiny_checkpoint.h"
 #include "tokenizer/utf8.h"
 
 namespace qspec {
@@ -29,10 +29,6 @@ const std::string kVocab256Model = std::string(QSPEC_FIXTURES_DIR) + "/qwen35/ca
 
 CommandResult qspec(const std::string& arguments) {
   return run_command(std::string(QSPEC_BINARY) + " " + arguments);
-}
-
-void write_file(const fs::path& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
 const nlohmann::ordered_json& oracle_case(const std::string& name) {
@@ -66,7 +62,7 @@ class TextCli : public ::testing::Test {
  protected:
   // The tiny model is written once for all tests of the suite.
   static void SetUpTestSuite() {
-    tiny_model_ = std::make_unique<tiny::TempDir>();
+    tiny_model_ = std::make_unique<testing_support::TempDir>();
     const CommandResult synth = qspec("synth --arch qwen3.5-tiny --tokenizer '" + kTokenizerDir +
                                       "' --out '" + tiny_model_->str() + "'");
     ASSERT_EQ(synth.exit_code, 0) << synth.err;
@@ -77,7 +73,7 @@ class TextCli : public ::testing::Test {
 
   // A file in this test's directory with `contents`; returns its quoted path.
   std::string file(const std::string& name, const std::string& contents) const {
-    write_file(dir_.path() / name, contents);
+    dir_.write(name, contents);
     return "'" + (dir_.path() / name).string() + "'";
   }
 
@@ -96,11 +92,11 @@ class TextCli : public ::testing::Test {
     return run.out;
   }
 
-  static std::unique_ptr<tiny::TempDir> tiny_model_;
-  tiny::TempDir dir_;
+  static std::unique_ptr<testing_support::TempDir> tiny_model_;
+  testing_support::TempDir dir_;
 };
 
-std::unique_ptr<tiny::TempDir> TextCli::tiny_model_;
+std::unique_ptr<testing_support::TempDir> TextCli::tiny_model_;
 
 TEST_F(TextCli, TokenizeChatRendersLikeTheOracleAndEncodesTheRenderedText) {
   struct Case {
@@ -237,7 +233,7 @@ TEST_F(TextCli, GenerateChatStopsAtTheEndOfTurnToken) {
   // winning (positive) logit and is chosen.
   const fs::path model = dir_.path() / "model";
   fs::copy(tiny_model_->path(), model);
-  write_file(model / "chat_template.jinja", "{{- messages[0]['content'] }}");
+  std::ofstream(model / "chat_template.jinja") << "{{- messages[0]['content'] }}";
   const std::string messages = file("m.json", R"([{"role": "user", "content": "Hello"}])");
   const std::string run = "generate --model '" + model.string() + "' --json -n 8 ";
   const auto unchanged = nlohmann::json::parse(qspec(run + "--chat " + messages).out);
