@@ -14,12 +14,11 @@ built here from jinja2 alone.
 """
 
 import json
-import pathlib
-import sys
 
 import jinja2
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "chat_template"
+from chat_template_fixture import FIXTURES, write_fixture
+
 
 try:
     import transformers
@@ -448,9 +447,7 @@ def main():
         "jinja2": jinja2.__version__,
         "cases": cases,
     }
-    out = FIXTURES / "cases.json"
-    out.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    print(f"{len(cases)} cases ({sum('error' in c for c in cases)} raising) -> {out}", file=sys.stderr)
+    write_fixture("cases.json", fixture, cases, "cases")
 
 
 if __name__ == "__main__":

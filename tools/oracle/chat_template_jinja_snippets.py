@@ -8,14 +8,10 @@ wording is Python-specific are marked "error_any": only the fact of the error is
     /work/oracle-venv/bin/python tools/oracle/chat_template_jinja_snippets.py
 """
 
-import json
-import pathlib
-import sys
-
 import jinja2
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "chat_template"
+from chat_template_fixture import write_fixture
 
 MESSAGES = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "n": 2}]}
 
@@ -189,9 +185,7 @@ def main():
         "jinja2": jinja2.__version__,
         "snippets": records,
     }
-    out = FIXTURES / "jinja_snippets.json"
-    out.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    print(f"{len(records)} snippets ({sum('error' in r for r in records)} raising) -> {out}", file=sys.stderr)
+    write_fixture("jinja_snippets.json", fixture, records, "snippets")
 
 
 if __name__ == "__main__":

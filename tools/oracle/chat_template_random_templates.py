@@ -8,15 +8,13 @@ tests/test_jinja_random_templates.cpp renders each with qspec's interpreter and 
     /work/oracle-venv/bin/python tools/oracle/chat_template_random_templates.py
 """
 
-import json
-import pathlib
 import random
-import sys
 
 import jinja2
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "chat_template"
+from chat_template_fixture import write_fixture
+
 SEED = 20261129
 COUNT = 500
 
@@ -162,9 +160,7 @@ def main():
         "variables": VARIABLES,
         "templates": records,
     }
-    out = FIXTURES / "random_templates.json"
-    out.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    print(f"{len(records)} templates ({sum('error' in r for r in records)} raising) -> {out}", file=sys.stderr)
+    write_fixture("random_templates.json", fixture, records, "templates")
 
 
 if __name__ == "__main__":
