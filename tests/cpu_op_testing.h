@@ -108,6 +108,14 @@ inline TestTensor index_tensor(const std::vector<int32_t>& values) {
   return t;
 }
 
+// The activations of the references, in double.
+inline double silu(double x) {
+  return x / (1 + std::exp(-x));
+}
+inline double sigmoid(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+
 // A row-major double matrix: the reference result.
 struct Reference {
   int64_t rows, cols;

@@ -12,11 +12,8 @@ namespace qspec {
 namespace {
 
 using cpu_test::Reference;
+using cpu_test::silu;
 using cpu_test::TestTensor;
-
-double silu(double x) {
-  return x / (1 + std::exp(-x));
-}
 
 // ---- conv1d_silu
 

@@ -11,14 +11,9 @@ namespace qspec {
 namespace {
 
 using cpu_test::Reference;
+using cpu_test::sigmoid;
+using cpu_test::silu;
 using cpu_test::TestTensor;
-
-double silu(double x) {
-  return x / (1 + std::exp(-x));
-}
-double sigmoid(double x) {
-  return 1 / (1 + std::exp(-x));
-}
 
 // y = x / sqrt(mean over the group of x^2 + eps) * scale(i), per group of `group` columns.
 template <typename Scale>
