@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -251,6 +252,67 @@ TEST_F(TextCli, GenerateChatStopsAtTheEndOfTurnToken) {
   const auto plain = nlohmann::json::parse(qspec(run + "--prompt Hello").out);
   EXPECT_EQ(plain.at("tokens")[1], end_of_turn);
   EXPECT_EQ(plain.at("tokens").size(), 8u);
+}
+
+TEST_F(TextCli, ATokenizerWithoutTheEndOfTurnTokenCannotChat) {
+  // The real tokenizer with <|im_end|> renamed.
+  const fs::path tokenizer = dir_.path() / "tokenizer";
+  fs::create_directory(tokenizer);
+  fs::copy_file(fs::path(kTokenizerDir) / "chat_template.jinja", tokenizer / "chat_template.jinja");
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::stringstream contents;
+    contents << std::ifstream(fs::path(kTokenizerDir) / name).rdbuf();
+    std::string text = contents.str();
+    const std::string end_of_turn = "<|im_end|>";
+    ASSERT_NE(text.find(end_of_turn), std::string::npos) << name;
+    for (size_t at; (at = text.find(end_of_turn)) != std::string::npos;)
+      text.replace(at, end_of_turn.size(), "<|im_stop|>");
+    std::ofstream(tokenizer / name, std::ios::binary) << text;
+  }
+
+  const std::string messages = file("m.json", R"([{"role": "user", "content": "Hi"}])");
+  const std::string with_tokenizer = tiny() + " -n 2 --tokenizer '" + tokenizer.string() + "'";
+  const std::string no_end_of_turn =
+      "tokenizer " + tokenizer.string() + ": no <|im_end|> token to end a chat turn";
+  EXPECT_EQ(qspec("generate " + with_tokenizer + " --prompt Hi").exit_code, 0);
+  expect_error(qspec("generate " + with_tokenizer + " --chat " + messages), no_end_of_turn);
+  expect_error(qspec("chat " + with_tokenizer + " < /dev/null"), no_end_of_turn);
+}
+
+TEST_F(TextCli, ChatShowsReasoningApartAndKeepsOnlyTheAnswer) {
+  // A copy of the tiny model whose template is only the contents of the messages (so the prompt has no
+  // </think>), and whose </think> row is twice the row of the greedy second token: the reply is one token of
+  // reasoning, </think>, then the answer.
+  const fs::path model = dir_.path() / "model";
+  fs::copy(tiny_model_->path(), model);
+  std::ofstream(model / "chat_template.jinja") << "{%- for m in messages %}{{- m['content'] }}{%- endfor %}";
+  const std::string run = "generate --model '" + model.string() + "' --json -n 8 --chat ";
+  const auto first_turn = nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const auto unchanged = nlohmann::json::parse(qspec(run + file("m1.json", first_turn.dump())).out);
+  const auto tokens = unchanged.at("tokens").get<std::vector<TokenId>>();
+  ASSERT_EQ(tokens.size(), 8u);
+  const TokenId think_end = *test::qwen_tokenizer().find_token("</think>");
+  set_embedding_row_to_double(model, tokens[1], think_end);
+
+  const auto reply = nlohmann::json::parse(qspec(run + file("m1.json", first_turn.dump())).out);
+  ASSERT_EQ(reply.at("tokens")[1], think_end);
+  const std::string reasoning = text_of({tokens[0]});
+  const std::string full = reply.at("text");
+  const std::string reasoning_block = reasoning + "</think>";
+  ASSERT_EQ(full.rfind(reasoning_block, 0), 0u) << full;
+  const std::string answer = full.substr(full.find_first_not_of('\n', reasoning_block.size()));
+  // The second turn sees the answer without the reasoning.
+  auto second_turn = first_turn;
+  second_turn.push_back({{"role", "assistant"}, {"content", answer}});
+  second_turn.push_back({{"role", "user"}, {"content", "Go on"}});
+  const std::string second =
+      nlohmann::json::parse(qspec(run + file("m2.json", second_turn.dump())).out).at("text");
+
+  const CommandResult chat =
+      qspec("chat --model '" + model.string() + "' -n 8 < " + file("in.txt", "Hi\nGo on\n"));
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  EXPECT_EQ(chat.out, "[thinking]\n" + reasoning + "\n[/thinking]\n" + answer + "\n[thinking]\n" + second +
+                          "\n[/thinking]\n\n");
 }
 
 TEST_F(TextCli, ChatKeepsTheHistoryResetsAndEndsAtEof) {

@@ -79,7 +79,9 @@ TEST(Tokenizer, UnknownIdsAreErrors) {
     EXPECT_THROW(t.token_text(id), Error) << id;
     StreamDecoder stream(t);
     EXPECT_THROW(stream.push(id), Error) << id;
+    EXPECT_FALSE(t.has_token(id)) << id;
   }
+  for (const TokenId id : {0, 248043, 248044, 248076}) EXPECT_TRUE(t.has_token(id)) << id;
   try {
     const std::vector<TokenId> ids{248100};
     t.decode(ids);
