@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/index_checks.h"
 #include "backend/cpu/math.h"
 #include "backend/op_checks.h"
-#include "core/error.h"
 #include "core/thread_pool.h"
 
 namespace qspec::cpu {
@@ -18,11 +18,7 @@ void check_attention_args(const Tensor& out, const Tensor& q, const Tensor& k_ca
                           const Tensor& positions, const AttentionShape& shape) {
   check_attention_operands(out, q, k_cache, v_cache, shape);
   check_attention_widths(out, q, k_cache, v_cache, positions, shape);
-  for (int64_t t = 0; t < q.rows; ++t) {
-    int32_t position = positions.row<int32_t>(t)[0];
-    if (position < 0 || position >= k_cache.rows)
-      fail("attention: position {} (row {}) is outside the cache of {} rows", position, t, k_cache.rows);
-  }
+  require_positions_in_cache("attention", positions, k_cache.rows);
 }
 
 }  // namespace

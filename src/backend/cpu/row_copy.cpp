@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/index_checks.h"
 #include "backend/cpu/weight_values.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
@@ -20,11 +21,7 @@ void CpuBackend::embed(const Tensor& out, const Tensor& table, const Tensor& ids
 
 void CpuBackend::kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) {
   check_kv_store_args(cache, x, positions);
-  for (int64_t t = 0; t < x.rows; ++t) {
-    int32_t position = positions.row<int32_t>(t)[0];
-    if (position < 0 || position >= cache.rows)
-      fail("kv_store: position {} (row {}) is outside the cache of {} rows", position, t, cache.rows);
-  }
+  require_positions_in_cache("kv_store", positions, cache.rows);
   for (int64_t t = 0; t < x.rows; ++t)
     std::memcpy(cache.row<float>(positions.row<int32_t>(t)[0]), x.row<float>(t),
                 static_cast<size_t>(x.cols) * sizeof(float));
