@@ -14,6 +14,8 @@ import ctypes.util
 
 from tokenizers import normalizers
 
+from code_point_ranges import cpp_ranges
+
 utf8proc = ctypes.CDLL(ctypes.util.find_library("utf8proc") or "libutf8proc.so.2")
 utf8proc.utf8proc_get_property.restype = ctypes.POINTER(ctypes.c_int16)  # {category, combining_class, ...}
 utf8proc.utf8proc_NFC.restype = ctypes.c_void_p
@@ -41,14 +43,8 @@ def main():
             starters_in_hf.append(cp)
         if cp and utf8proc_nfc(chr(cp)) != chr(cp) and hf.normalize_str(chr(cp)) != utf8proc_nfc(chr(cp)):
             raise SystemExit(f"HF and utf8proc differ on U+{cp:04X} alone: the table does not cover this")
-    ranges = []
-    for cp in starters_in_hf:
-        if ranges and ranges[-1][1] == cp - 1:
-            ranges[-1][1] = cp
-        else:
-            ranges.append([cp, cp])
     print(f"// utf8proc {utf8proc.utf8proc_unicode_version().decode()}: {len(starters_in_hf)} marks")
-    print(", ".join(f"{{0x{a:04X}, 0x{b:04X}}}" for a, b in ranges))
+    print(cpp_ranges(starters_in_hf))
 
 
 if __name__ == "__main__":

@@ -15,18 +15,10 @@ from pathlib import Path
 import unicodedata2
 from tokenizers import Tokenizer
 
+from code_point_ranges import cpp_ranges
+
 ROOT = Path(__file__).resolve().parents[2]
 PLANES = list(range(0, 0x40000)) + list(range(0xE0000, 0xE1000))
-
-
-def ranges_of(code_points):
-    ranges = []
-    for cp in code_points:
-        if ranges and ranges[-1][1] == cp - 1:
-            ranges[-1][1] = cp
-        else:
-            ranges.append([cp, cp])
-    return ranges
 
 
 def main():
@@ -51,7 +43,7 @@ def main():
             raise SystemExit(f"U+{cp:04X}: PCRE2 has it in \\p{{{old}}} and HF does not: not handled")
     for name, cps in extra.items():
         print(f"// \\p{{{name}}}: {len(cps)} code points")
-        print(", ".join(f"{{0x{a:04X}, 0x{b:04X}}}" for a, b in ranges_of(cps)))
+        print(cpp_ranges(cps))
 
 
 if __name__ == "__main__":
