@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "tokenizer/code_point_range.h"
 #include "tokenizer/utf8.h"
 
 namespace qspec {
@@ -17,9 +18,6 @@ namespace {
 // Combining marks assigned after the Unicode version of HF tokenizers' normalizer: HF gives them class 0, so
 // nothing is reordered across them and nothing composes through them. Made by
 // tools/oracle/tokenizer_nfc_table.py.
-struct CodePointRange {
-  uint32_t first, last;
-};
 constexpr CodePointRange kStartersInHf[] = {
     {0x07FD, 0x07FD},   {0x0898, 0x089F},   {0x08CA, 0x08D3},   {0x09FE, 0x09FE},   {0x0C3C, 0x0C3C},
     {0x0D3B, 0x0D3C},   {0x0EBA, 0x0EBA},   {0x1715, 0x1715},   {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},

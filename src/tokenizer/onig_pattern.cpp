@@ -4,13 +4,10 @@
 #include <span>
 
 #include "fmt/format.h"
+#include "tokenizer/code_point_range.h"
 
 namespace qspec {
 namespace {
-
-struct CodePointRange {
-  uint32_t first, last;
-};
 
 constexpr CodePointRange kNewerLetters[] = {
     {0x1C89, 0x1C8A},   {0xA7CB, 0xA7CD},   {0xA7DA, 0xA7DC},   {0x105C0, 0x105F3}, {0x10D4A, 0x10D65},
