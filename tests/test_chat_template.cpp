@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "error_message.h"
 #include "temp_dir.h"
 #include "tokenizer/chat_template.h"
 
@@ -21,12 +22,7 @@ nlohmann::ordered_json hello() {
 }
 
 std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
+  return testing_support::error_message(action, "");
 }
 
 TEST(ChatTemplate, EnableThinkingAbsentTrueFalseLikeHf) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "error_message.h"
 #include "io/checkpoint.h"
 #include "tiny_checkpoint.h"
 
@@ -55,14 +56,8 @@ std::vector<TensorData> tensors_for(const json& config) {
   return schema_tensors(parse(config));
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+std::string error_of(const std::function<void()>& action) {
+  return testing_support::error_message(action, "no error");
 }
 
 TEST(CheckpointSchema, TinyModelNamesShapesAndDtypes) {

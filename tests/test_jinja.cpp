@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "error_message.h"
 #include "tokenizer/jinja_template.h"
 
 namespace qspec::jinja {
@@ -24,12 +25,7 @@ std::string render(std::string_view source,
 std::string error_of(std::string_view source,
                      const nlohmann::ordered_json& variables = nlohmann::ordered_json::object(),
                      const RenderLimits& limits = {}) {
-  try {
-    render(source, variables, limits);
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
+  return testing_support::error_message([&] { render(source, variables, limits); }, "");
 }
 
 TEST(Jinja, RendersTheConstructsChatTemplatesUse) {

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "error_message.h"
 #include "io/model_config.h"
 #include "tiny_checkpoint.h"
 
@@ -27,20 +28,10 @@ Qwen35Config parse(const json& config) {
 }
 
 std::string error_of_text(const std::string& text) {
-  try {
-    Qwen35Config::parse(text, "config.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing_support::error_message([&] { Qwen35Config::parse(text, "config.json"); }, "no error");
 }
 std::string error_of_load(const std::string& dir) {
-  try {
-    Qwen35Config::load(dir);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing_support::error_message([&] { Qwen35Config::load(dir); }, "no error");
 }
 std::string error_of(const json& config) {
   return error_of_text(config.dump());

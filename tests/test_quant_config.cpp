@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "error_message.h"
 #include "io/quant_config.h"
 
 namespace qspec {
@@ -33,12 +34,8 @@ json w4a16_config() {
 }
 
 std::string error_of(const json& config) {
-  try {
-    QuantizationConfig::parse(config, "config.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing_support::error_message([&] { QuantizationConfig::parse(config, "config.json"); },
+                                        "no error");
 }
 
 std::optional<int> group_of(const QuantizationConfig& config, const std::string& module) {
