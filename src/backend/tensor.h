@@ -2,6 +2,7 @@
 // Multi-head layouts are flattened into columns; ops take the head counts as arguments.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -22,6 +23,8 @@ struct Tensor {
   bool empty() const { return data == nullptr; }
   bool contiguous() const { return stride == cols || rows <= 1; }
   int64_t numel() const { return rows * cols; }
+  // Bytes of one row's elements (not counting the padding up to the stride).
+  size_t row_bytes() const { return static_cast<size_t>(cols) * dtype_size(dtype); }
 
   template <typename T>
   T* ptr() const {
@@ -46,8 +49,9 @@ struct Tensor {
   }
 };
 
-// y = x W^T for W [out_features, in_features]: dense (BF16/F16/F32) or W4A16 (compressed-tensors pack-quantized:
-// int32 words of 8 nibbles along K, lowest nibble first, value = nibble - 8, times scale[n][k / group_size]).
+// y = x W^T for W [out_features, in_features]: dense (BF16/F16/F32) or W4A16 (compressed-tensors
+// pack-quantized: int32 words of 8 nibbles along K, lowest nibble first, value = nibble - 8, times
+// scale[n][k / group_size]).
 struct LinearWeight {
   int64_t out_features = 0;
   int64_t in_features = 0;

@@ -26,10 +26,6 @@ class CpuBuffer final : public Buffer {
   std::vector<uint64_t> storage_;  // 8-byte words: aligned for every dtype, and zero-initialised
 };
 
-size_t row_bytes(const Tensor& t) {
-  return static_cast<size_t>(t.cols) * dtype_size(t.dtype);
-}
-
 // Row r of a tensor of any dtype, as bytes.
 char* row_start(const Tensor& t, int64_t r) {
   return static_cast<char*>(t.data) + r * t.stride * static_cast<int64_t>(dtype_size(t.dtype));
@@ -62,21 +58,21 @@ Tensor CpuBackend::upload_weight(const TensorView& view, int64_t rows, int64_t c
 
 void CpuBackend::write(const Tensor& dst, const void* host) {
   require_contiguous("write", "dst", dst);
-  if (dst.numel() > 0) std::memcpy(dst.data, host, row_bytes(dst) * static_cast<size_t>(dst.rows));
+  if (dst.numel() > 0) std::memcpy(dst.data, host, dst.row_bytes() * static_cast<size_t>(dst.rows));
 }
 
 void CpuBackend::read(void* host, const Tensor& src) {
   require_contiguous("read", "src", src);
-  if (src.numel() > 0) std::memcpy(host, src.data, row_bytes(src) * static_cast<size_t>(src.rows));
+  if (src.numel() > 0) std::memcpy(host, src.data, src.row_bytes() * static_cast<size_t>(src.rows));
 }
 
 void CpuBackend::fill_zero(const Tensor& dst) {
-  for (int64_t r = 0; r < dst.rows; ++r) std::memset(row_start(dst, r), 0, row_bytes(dst));
+  for (int64_t r = 0; r < dst.rows; ++r) std::memset(row_start(dst, r), 0, dst.row_bytes());
 }
 
 void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
   check_copy_args(dst, src);
-  for (int64_t r = 0; r < dst.rows; ++r) std::memmove(row_start(dst, r), row_start(src, r), row_bytes(dst));
+  for (int64_t r = 0; r < dst.rows; ++r) std::memmove(row_start(dst, r), row_start(src, r), dst.row_bytes());
 }
 
 }  // namespace cpu

@@ -34,10 +34,6 @@ class CudaBuffer final : public Buffer {
   DeviceMemory memory_;
 };
 
-size_t row_bytes(const Tensor& t) {
-  return static_cast<size_t>(t.cols) * dtype_size(t.dtype);
-}
-
 size_t pitch_bytes(const Tensor& t) {
   return static_cast<size_t>(t.rows <= 1 ? t.cols : t.stride) * dtype_size(t.dtype);
 }
@@ -87,7 +83,7 @@ class CudaBackend final : public Backend {
   void write(const Tensor& dst, const void* host) override {
     require_contiguous("write", "dst", dst);
     if (dst.numel() == 0) return;
-    const size_t bytes = row_bytes(dst) * static_cast<size_t>(dst.rows);
+    const size_t bytes = dst.row_bytes() * static_cast<size_t>(dst.rows);
     check_cuda(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream()), "write");
     // The caller may reuse `host` at once: wait for the copy (host memory here is pageable, not pinned).
     check_cuda(cudaStreamSynchronize(stream()), "write (synchronize)");
@@ -96,22 +92,22 @@ class CudaBackend final : public Backend {
   void read(void* host, const Tensor& src) override {
     require_contiguous("read", "src", src);
     if (src.numel() == 0) return;
-    const size_t bytes = row_bytes(src) * static_cast<size_t>(src.rows);
+    const size_t bytes = src.row_bytes() * static_cast<size_t>(src.rows);
     check_cuda(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream()), "read");
     check_cuda(cudaStreamSynchronize(stream()), "read (synchronize)");
   }
 
   void fill_zero(const Tensor& dst) override {
     if (dst.numel() == 0) return;
-    check_cuda(cudaMemset2DAsync(dst.data, pitch_bytes(dst), 0, row_bytes(dst), static_cast<size_t>(dst.rows),
-                                 stream()),
+    check_cuda(cudaMemset2DAsync(dst.data, pitch_bytes(dst), 0, dst.row_bytes(),
+                                 static_cast<size_t>(dst.rows), stream()),
                "fill_zero");
   }
 
   void copy(const Tensor& dst, const Tensor& src) override {
     check_copy_args(dst, src);
     if (dst.numel() == 0) return;
-    check_cuda(cudaMemcpy2DAsync(dst.data, pitch_bytes(dst), src.data, pitch_bytes(src), row_bytes(src),
+    check_cuda(cudaMemcpy2DAsync(dst.data, pitch_bytes(dst), src.data, pitch_bytes(src), src.row_bytes(),
                                  static_cast<size_t>(src.rows), cudaMemcpyDeviceToDevice, stream()),
                "copy");
   }
