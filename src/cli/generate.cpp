@@ -100,6 +100,7 @@ void run_generate(const GenerateArgs& args) {
   } else {
     if (stream) fmt::print("{}", stream->finish());
     fmt::print("\n");
+    std::fflush(stdout);  // the text ends before the summary on stderr, also when stdout is a pipe
     fmt::print(stderr, "{} tokens, finish: {}, prefill {:.3f} s, decode {:.3f} s\n", result.tokens.size(),
                result.finish_reason, result.prefill_seconds, result.decode_seconds);
   }
