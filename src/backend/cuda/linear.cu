@@ -199,29 +199,29 @@ __device__ inline void accumulate_word(float (&acc)[kRows][kVectorFeatures],
   }
 }
 
-// group_size % 32 == 0: one scale per feature for the whole 16-byte vector.
-template <typename S, int kRows>
+// group_size % 32 == 0: one scale per feature for the whole 16-byte vector (scale16 = 16 * scale).
+template <int kRows>
 __device__ inline void accumulate_vector(float (&acc)[kRows][kVectorFeatures],
                                          const uint4 (&w)[kVectorFeatures],
-                                         const S* const (&scale_rows)[kVectorFeatures], int group_size,
-                                         const float* x_rows, int x_stride, int rows_here, int64_t vector,
-                                         int x_offset) {
-  const int k0 = static_cast<int>(vector) * kVectorValues;
-  const int group = k0 / group_size;
-  float scale16[kVectorFeatures];
-#pragma unroll
-  for (int f = 0; f < kVectorFeatures; ++f) scale16[f] = 16.0f * to_float(scale_rows[f][group]);
+                                         const float (&scale16)[kVectorFeatures], const float* x_rows,
+                                         int x_stride, int rows_here, int x_offset) {
   accumulate_word<kRows, 0>(acc, w, scale16, x_rows, x_stride, rows_here, x_offset);
   accumulate_word<kRows, 1>(acc, w, scale16, x_rows, x_stride, rows_here, x_offset + kWordValues);
   accumulate_word<kRows, 2>(acc, w, scale16, x_rows, x_stride, rows_here, x_offset + 2 * kWordValues);
   accumulate_word<kRows, 3>(acc, w, scale16, x_rows, x_stride, rows_here, x_offset + 3 * kWordValues);
 }
 
-// group_size % 32 == 0. The block walks K in tiles of
-// kWarpSize * kUnroll vectors: the weight vectors of a tile are loaded first, then the block stages that tile
-// of x in shared memory, then each lane works on its kUnroll vectors.
+// Resident blocks per SM that the registers must allow (more rows per block need more registers).
+constexpr int vector_min_blocks(int rows) {
+  return rows == 1 ? 5 : 4;
+}
+
+// group_size % 32 == 0. The block walks K in tiles of kWarpSize * kUnroll vectors: the weight vectors of a
+// tile and their scales are loaded first (one memory round trip), then the block stages that tile of x in
+// shared memory, then each lane works on its kUnroll vectors. With vector_min_blocks(1) = 5 blocks per SM, a
+// [9216, K] matrix at M = 1 (576 blocks) runs in one wave on 132 SMs.
 template <typename S, int kRows, int kUnroll>
-__global__ void __launch_bounds__(kVectorWarps* kWarpSize)
+__global__ void __launch_bounds__(kVectorWarps* kWarpSize, vector_min_blocks(kRows))
     w4a16_vector_kernel(float* out, int64_t out_stride, const float* x, int64_t x_stride, int64_t rows,
                         const uint4* packed, int64_t packed_stride, const S* scales, int64_t scales_stride,
                         int group_size, int64_t out_features, int64_t vectors) {
@@ -251,12 +251,17 @@ __global__ void __launch_bounds__(kVectorWarps* kWarpSize)
   float acc[kRows][kVectorFeatures] = {};
   for (int64_t tile = 0; tile < vectors; tile += kTileVectors) {
     uint4 w[kUnroll][kVectorFeatures] = {};
+    S scale[kUnroll][kVectorFeatures] = {};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t vector = tile + u * kWarpSize + lane;
       if (vector < vectors) {
+        const int64_t group = vector * kVectorValues / group_size;
 #pragma unroll
-        for (int f = 0; f < kVectorFeatures; ++f) w[u][f] = __ldcs(weight_rows[f] + vector);
+        for (int f = 0; f < kVectorFeatures; ++f) {
+          w[u][f] = __ldcs(weight_rows[f] + vector);
+          scale[u][f] = scale_rows[f][group];
+        }
       }
     }
     const int tile_float4s =
@@ -274,9 +279,13 @@ __global__ void __launch_bounds__(kVectorWarps* kWarpSize)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t vector = tile + u * kWarpSize + lane;
-      if (vector < vectors)
-        accumulate_vector<S, kRows>(acc, w[u], scale_rows, group_size, x_tile, kTileStride, rows_here, vector,
-                                    (u * kWarpSize + lane) * kPaddedVectorValues);
+      if (vector < vectors) {
+        float scale16[kVectorFeatures];
+#pragma unroll
+        for (int f = 0; f < kVectorFeatures; ++f) scale16[f] = 16.0f * to_float(scale[u][f]);
+        accumulate_vector<kRows>(acc, w[u], scale16, x_tile, kTileStride, rows_here,
+                                 (u * kWarpSize + lane) * kPaddedVectorValues);
+      }
     }
   }
 #pragma unroll
@@ -319,7 +328,8 @@ cudaError_t launch_vector8(const Tensor& out, const Tensor& x, int64_t out_featu
 template <typename S, int kRows>
 cudaError_t launch_w4a16_vector(const Tensor& out, const Tensor& x, const Tensor& packed,
                                 const Tensor& scales, int group_size, cudaStream_t stream) {
-  constexpr int kUnroll = kRows <= 2 ? 4 : (kRows <= 4 ? 2 : 1);
+  // 3 vectors per lane: a tile of 96 vectors covers K = 2560 (80 vectors) in one pass, K = 9216 in three.
+  constexpr int kUnroll = kRows <= 2 ? 3 : (kRows <= 4 ? 2 : 1);
   constexpr int kBlockFeatures = kVectorWarps * kVectorFeatures;
   const dim3 grid(static_cast<unsigned int>((packed.rows + kBlockFeatures - 1) / kBlockFeatures),
                   static_cast<unsigned int>((x.rows + kRows - 1) / kRows));
