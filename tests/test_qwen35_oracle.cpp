@@ -137,6 +137,38 @@ TEST_P(Qwen35Oracle, DecodeEqualsChunkedPrefill) {
   }
 }
 
+// A 16-token verify step from a non-empty cache (chunked GDN from a saved state, causal attention inside the
+// block) gives every row the logits of 16 single decode steps: the equivalence speculative decoding rests on.
+TEST_P(Qwen35Oracle, VerifyBlockEqualsSingleDecodeSteps) {
+  std::vector<int32_t> ids = values<int32_t>(*oracle_, "p65.ids");
+  const int context = 40, block = 16;
+  const std::span<const int32_t> prefix(ids.data(), size_t(context)),
+      rows(ids.data() + context, size_t(block));
+  auto verify_state = model().new_state(context + block);
+  model().forward(*verify_state, prefix, ForwardOptions{});
+  ForwardOptions all_rows;
+  all_rows.all_logits = true;
+  std::vector<float> verify = read_all(backend(), model().forward(*verify_state, rows, all_rows).logits);
+
+  auto decode_state = model().new_state(context + block);
+  model().forward(*decode_state, prefix, ForwardOptions{});
+  std::vector<float> decoded;
+  for (int32_t token : rows) {
+    std::vector<float> row = read_all(
+        backend(),
+        model().forward(*decode_state, std::span<const int32_t>(&token, 1), ForwardOptions{}).logits);
+    decoded.insert(decoded.end(), row.begin(), row.end());
+  }
+  ASSERT_EQ(verify.size(), decoded.size());
+  EXPECT_LE(relative_error(verify, decoded), kLogitTolerance) << dir_.filename();
+  // And both equal HF's rows 40..55 of the full-sequence forward.
+  std::vector<float> ref = values<float>(*oracle_, "p65.logits");
+  const size_t V = size_t(model().config().vocab_size);
+  std::vector<float> ref_rows(ref.begin() + ptrdiff_t(context * V),
+                              ref.begin() + ptrdiff_t((context + block) * V));
+  EXPECT_LE(relative_error(verify, ref_rows), kLogitTolerance) << dir_.filename();
+}
+
 // Greedy decoding through the cached path (prefill, then the recurrent rule one token at a time) against HF's
 // cached greedy decode: every step's logits, and the chosen tokens.
 TEST_P(Qwen35Oracle, GreedyDecodeMatchesHF) {
