@@ -153,9 +153,9 @@ TEST_F(CpuErrors, Rope) {
 TEST_F(CpuErrors, Conv1dAndGates) {
   TestTensor x = f32(3, 8), out = f32(3, 8), state = f32(8, 3), w = TestTensor(DType::BF16, 8, 4);
   TestTensor short_state = f32(8, 2), w7 = TestTensor(DType::BF16, 7, 4);
-  expect_error([&] { backend->conv1d_silu(out.view(), x.view(), short_state.view(), w.view()); },
+  expect_error([&] { backend->conv1d_silu(out.view(), x.view(), short_state.view(), w.view(), true); },
                {"conv1d_silu", "state", "[8, 2]", "[8, 3]"});
-  expect_error([&] { backend->conv1d_silu(out.view(), x.view(), state.view(), w7.view()); },
+  expect_error([&] { backend->conv1d_silu(out.view(), x.view(), state.view(), w7.view(), true); },
                {"conv1d_silu", "weight", "[7, 4]", "[8, 4]"});
   TestTensor b = f32(3, 4), a = f32(3, 4), beta = f32(3, 4), g = f32(3, 4), a_log = f32(1, 5),
              bias = f32(1, 4);
@@ -170,19 +170,22 @@ TEST_F(CpuErrors, GatedDeltaRule) {
              state = f32(32, 4);
   expect_error(
       [&] {
-        backend->gated_delta_rule(out.view(), qkv.view(), beta.view(), g.view(), state.view(), {3, 4, 8, 4});
+        backend->gated_delta_rule(out.view(), qkv.view(), beta.view(), g.view(), state.view(), {3, 4, 8, 4},
+                                  true);
       },
       {"gated_delta_rule", "num_key_heads 3", "num_value_heads 4"});
   TestTensor qkv_short = f32(3, 40);
   expect_error(
       [&] {
-        backend->gated_delta_rule(out.view(), qkv_short.view(), beta.view(), g.view(), state.view(), shape);
+        backend->gated_delta_rule(out.view(), qkv_short.view(), beta.view(), g.view(), state.view(), shape,
+                                  true);
       },
       {"gated_delta_rule", "qkv", "[3, 40]", "[3, 48]"});
   TestTensor small_state = f32(16, 4);
   expect_error(
       [&] {
-        backend->gated_delta_rule(out.view(), qkv.view(), beta.view(), g.view(), small_state.view(), shape);
+        backend->gated_delta_rule(out.view(), qkv.view(), beta.view(), g.view(), small_state.view(), shape,
+                                  true);
       },
       {"gated_delta_rule", "state", "[16, 4]", "[32, 4]"});
   expect_error(

@@ -50,7 +50,7 @@ TEST(CpuConv1d, MatchesReferenceAndUpdatesState) {
       TestTensor out(DType::F32, tokens, channels);
       Reference want_state(channels, kernel - 1);
       Reference want = reference_conv(x, state, w, want_state);
-      backend->conv1d_silu(out.view(), x.view(), state.view(), w.view());
+      backend->conv1d_silu(out.view(), x.view(), state.view(), w.view(), true);
       EXPECT_LE(cpu_test::relative_max_error(out, want), 1e-5);
       EXPECT_EQ(cpu_test::relative_max_error(state, want_state), 0.0);
     }
@@ -66,10 +66,10 @@ TEST(CpuConv1d, TokensAtOnceEqualOneByOneAndInPlace) {
   TestTensor state_steps(DType::F32, channels, kernel - 1);
   backend->copy(state_steps.view(), state_all.view());
   TestTensor all(DType::F32, tokens, channels), steps(DType::F32, tokens, channels);
-  backend->conv1d_silu(all.view(), x.view(), state_all.view(), w.view());
+  backend->conv1d_silu(all.view(), x.view(), state_all.view(), w.view(), true);
   for (int64_t t = 0; t < tokens; ++t)
-    backend->conv1d_silu(steps.view().rows_view(t, 1), x.view().rows_view(t, 1), state_steps.view(),
-                         w.view());
+    backend->conv1d_silu(steps.view().rows_view(t, 1), x.view().rows_view(t, 1), state_steps.view(), w.view(),
+                         true);
   EXPECT_EQ(cpu_test::relative_max_error(steps, cpu_test::reference_of(all)), 0.0);
   EXPECT_EQ(cpu_test::relative_max_error(state_steps, cpu_test::reference_of(state_all)), 0.0);
   // out aliasing x: same values as the out-of-place run from the same starting state.
@@ -78,8 +78,8 @@ TEST(CpuConv1d, TokensAtOnceEqualOneByOneAndInPlace) {
   backend->copy(state_all.view(), state_steps.view());  // state after the sequence, for the next comparison
   TestTensor next = cpu_test::random_tensor(rng, DType::F32, 3, channels, -2, 2);
   TestTensor next_out(DType::F32, 3, channels);
-  backend->conv1d_silu(next_out.view(), next.view(), state_all.view(), w.view());
-  backend->conv1d_silu(next.view(), next.view(), state_in_place.view(), w.view());
+  backend->conv1d_silu(next_out.view(), next.view(), state_all.view(), w.view(), true);
+  backend->conv1d_silu(next.view(), next.view(), state_in_place.view(), w.view(), true);
   EXPECT_EQ(cpu_test::relative_max_error(next, cpu_test::reference_of(next_out)), 0.0);
 }
 
@@ -237,14 +237,15 @@ TEST(CpuGatedDeltaRule, SplitAcrossCallsEqualsAllAtOnce) {
   TestTensor out_all(DType::F32, 165, p.out_cols());
   TestTensor state_all = p.state_copy();
   backend->gated_delta_rule(out_all.view(), p.qkv.view(), p.beta.view(), p.g.view(), state_all.view(),
-                            p.shape);
+                            p.shape, true);
   for (bool token_by_token : {false, true}) {
     SCOPED_TRACE(token_by_token ? "prefill 100 then 65 single tokens" : "prefill 100 then 65 at once");
     TestTensor out(DType::F32, 165, p.out_cols());
     TestTensor state = p.state_copy();
     auto run = [&](int64_t first, int64_t count) {
       backend->gated_delta_rule(out.view().rows_view(first, count), p.qkv_rows(first, count),
-                                p.beta_rows(first, count), p.g_rows(first, count), state.view(), p.shape);
+                                p.beta_rows(first, count), p.g_rows(first, count), state.view(), p.shape,
+                                true);
     };
     run(0, 100);
     if (token_by_token)

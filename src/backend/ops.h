@@ -36,10 +36,10 @@ struct GdnShape {
 };
 
 struct AttentionShape {
-  int num_heads;     // query heads; query head h reads KV head h / (num_heads / num_kv_heads)
+  int num_heads;  // query heads; query head h reads KV head h / (num_heads / num_kv_heads)
   int num_kv_heads;
   int head_dim;
-  float scale;       // softmax scale, head_dim^-0.5
+  float scale;  // softmax scale, head_dim^-0.5
 };
 
 // A recorded sequence of ops replayed as one unit: on CUDA a graph, so a step costs one launch instead of one
@@ -61,8 +61,9 @@ class Backend {
   virtual std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;
   // A checkpoint tensor as a backend tensor [rows, cols] (CPU: a view of the mapping; GPU: a device copy).
   virtual Tensor upload_weight(const TensorView& view, int64_t rows, int64_t cols) = 0;
-  virtual void write(const Tensor& dst, const void* host) = 0;  // dst contiguous, host has dst.numel() elements
-  virtual void read(void* host, const Tensor& src) = 0;         // src contiguous
+  virtual void write(const Tensor& dst,
+                     const void* host) = 0;              // dst contiguous, host has dst.numel() elements
+  virtual void read(void* host, const Tensor& src) = 0;  // src contiguous
   virtual void fill_zero(const Tensor& dst) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same shape and dtype, any strides
   virtual void synchronize() = 0;
@@ -96,16 +97,18 @@ class Backend {
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& positions, const AttentionShape& shape) = 0;
   // Causal depthwise conv1d (kernel K = weight.cols, no bias) + SiLU over channels C.
-  // x [T, C]; state [C, K-1] holds the previous K-1 inputs (oldest first) and is updated.
-  virtual void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) = 0;
+  // x [T, C]; state [C, K-1] holds the previous K-1 inputs (oldest first). It is advanced past the T inputs
+  // when update_state, else only read (a verify step, whose accepted prefix is replayed later).
+  virtual void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
+                           bool update_state) = 0;
   // beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias). b, a [T, nv]; a_log, dt_bias [1, nv].
   virtual void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                          const Tensor& a_log, const Tensor& dt_bias) = 0;
-  // Gated delta rule over T tokens from `state` [nv * dk, dv] (fp32, updated). qkv [T, 2*nk*dk + nv*dv] is the
-  // conv output (q | k | v); q and k are L2-normalised inside (eps 1e-6) and q scaled by dk^-0.5.
-  // out [T, nv*dv].
+  // Gated delta rule over T tokens from `state` [nv * dk, dv] (fp32; advanced past the T tokens when
+  // update_state, else only read). qkv [T, 2*nk*dk + nv*dv] is the conv output (q | k | v); q and k are
+  // L2-normalised inside (eps 1e-6) and q scaled by dk^-0.5. out [T, nv*dv].
   virtual void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                const Tensor& state, const GdnShape& shape) = 0;
+                                const Tensor& state, const GdnShape& shape, bool update_state) = 0;
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;

@@ -100,6 +100,10 @@ Tensor first_rows(const std::unique_ptr<Buffer>& buffer, int64_t rows) {
   return buffer->tensor().rows_view(0, rows);
 }
 
+GdnShape gdn_shape(const Qwen35Config& c) {
+  return {c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
+}
+
 }  // namespace
 
 // Activation buffers sized for the largest step seen so far; ops use views of the first T rows.
@@ -151,6 +155,21 @@ void Qwen35Model::reset(Qwen35State& state) const {
     if (s.recurrent_state) backend_.fill_zero(s.recurrent_state->tensor());
   }
   state.n_past = 0;
+  state.pending_rows = 0;
+}
+
+bool Qwen35Model::ensure_pending(Qwen35State& state, int rows) {
+  if (rows <= state.pending_capacity) return false;
+  const Qwen35Config& c = config_;
+  for (Qwen35State::Layer& s : state.layers) {
+    if (!s.conv_state) continue;
+    s.pending_conv_in = backend_.alloc(DType::F32, rows, c.conv_dim());
+    s.pending_qkv = backend_.alloc(DType::F32, rows, c.conv_dim());
+    s.pending_beta = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
+    s.pending_g = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
+  }
+  state.pending_capacity = rows;
+  return true;
 }
 
 bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count) {
@@ -215,23 +234,25 @@ void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& o
 }
 
 void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
-                                  const Tensor& out) {
+                                  const Tensor& out, bool advance) {
   const Qwen35Config& c = config_;
   const int64_t T = x.rows;
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
-  Tensor mixed = view(ws.gdn_mixed), conv = view(ws.gdn_conv), z = view(ws.gdn_z);
-  Tensor b = view(ws.gdn_b), a = view(ws.gdn_a), beta = view(ws.gdn_beta), g = view(ws.gdn_g);
+  // A verify step keeps what the recurrence reads (conv input and output, beta, g) for commit's replay.
+  Tensor mixed = view(advance ? ws.gdn_mixed : state.pending_conv_in);
+  Tensor conv = view(advance ? ws.gdn_conv : state.pending_qkv);
+  Tensor beta = view(advance ? ws.gdn_beta : state.pending_beta);
+  Tensor g = view(advance ? ws.gdn_g : state.pending_g);
+  Tensor z = view(ws.gdn_z), b = view(ws.gdn_b), a = view(ws.gdn_a);
   Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
   backend_.linear(mixed, x, layer.in_proj_qkv);
   backend_.linear(z, x, layer.in_proj_z);
   backend_.linear(b, x, layer.in_proj_b);
   backend_.linear(a, x, layer.in_proj_a);
-  backend_.conv1d_silu(conv, mixed, state.conv_state->tensor(), layer.conv_weight);
+  backend_.conv1d_silu(conv, mixed, state.conv_state->tensor(), layer.conv_weight, advance);
   backend_.gdn_gates(beta, g, b, a, layer.a_log, layer.dt_bias);
-  GdnShape shape{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
-                 c.linear_value_head_dim};
-  backend_.gated_delta_rule(core, conv, beta, g, state.recurrent_state->tensor(), shape);
+  backend_.gated_delta_rule(core, conv, beta, g, state.recurrent_state->tensor(), gdn_shape(c), advance);
   backend_.gated_rmsnorm(gated, core, layer.gdn_norm, z, c.rms_norm_eps);
   backend_.linear(out, gated, layer.out_proj);
 }
@@ -273,7 +294,9 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
       fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
 
   const int64_t logit_rows = !options.logits ? 0 : options.all_logits ? T : 1;
-  if (ensure_workspace(T, logit_rows, options.hidden_layers.size())) graphs_.clear();
+  bool reallocated = ensure_workspace(T, logit_rows, options.hidden_layers.size());
+  if (!options.advance) reallocated = ensure_pending(state, int(T)) || reallocated;
+  if (reallocated) graphs_.clear();
   Workspace& ws = *ws_;
 
   std::vector<int32_t> positions(static_cast<size_t>(T));
@@ -281,23 +304,15 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   backend_.write(first_rows(ws.ids, T), tokens.data());
   backend_.write(first_rows(ws.positions, T), positions.data());
 
-  auto run = [&] { run_step(state, T, logit_rows, options.hidden_layers); };
-  if (step_graphs_ && backend_.can_capture()) {
-    // The first step of a shape runs directly (ops may size their workspaces then); the second records it.
-    GraphKey key{state.id, T, logit_rows, options.hidden_layers};
-    auto found = graphs_.find(key);
-    if (found == graphs_.end()) {
-      if (graphs_.size() >= kMaxStepGraphs) graphs_.clear();
-      graphs_.emplace(key, nullptr);
-      run();
-    } else {
-      if (!found->second) found->second = backend_.capture(run);
-      found->second->launch();
-    }
+  run_recorded(
+      {state.id, options.advance ? Step::Forward : Step::Verify, T, logit_rows, options.hidden_layers},
+      [&] { run_step(state, T, logit_rows, options.hidden_layers, options.advance); });
+  if (options.advance) {
+    state.n_past += int(T);
+    state.pending_rows = 0;
   } else {
-    run();
+    state.pending_rows = int(T);
   }
-  state.n_past += int(T);
 
   ForwardOutput output;
   for (size_t h = 0; h < options.hidden_layers.size(); ++h)
@@ -306,8 +321,48 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   return output;
 }
 
+void Qwen35Model::commit(Qwen35State& state, int rows) {
+  if (rows < 0 || rows > state.pending_rows)
+    fail("commit: {} rows, but the pending verify step has {}", rows, state.pending_rows);
+  if (rows > 0) {
+    run_recorded({state.id, Step::Commit, rows, 0, {}}, [&] {
+      const GdnShape shape = gdn_shape(config_);
+      for (size_t i = 0; i < weights_.layers.size(); ++i) {
+        const Qwen35Layer& layer = weights_.layers[i];
+        Qwen35State::Layer& s = state.layers[i];
+        if (layer.type != LayerType::LinearAttention) continue;
+        // The outputs are the verify step's again; only the states matter.
+        backend_.conv1d_silu(first_rows(ws_->gdn_conv, rows), first_rows(s.pending_conv_in, rows),
+                             s.conv_state->tensor(), layer.conv_weight, true);
+        backend_.gated_delta_rule(first_rows(ws_->gdn_core, rows), first_rows(s.pending_qkv, rows),
+                                  first_rows(s.pending_beta, rows), first_rows(s.pending_g, rows),
+                                  s.recurrent_state->tensor(), shape, true);
+      }
+    });
+  }
+  state.n_past += rows;
+  state.pending_rows = 0;
+}
+
+void Qwen35Model::run_recorded(const GraphKey& key, const std::function<void()>& ops) {
+  if (!step_graphs_ || !backend_.can_capture()) {
+    ops();
+    return;
+  }
+  // The first step of a shape runs directly (ops may size their workspaces then); the second records it.
+  auto found = graphs_.find(key);
+  if (found == graphs_.end()) {
+    if (graphs_.size() >= kMaxStepGraphs) graphs_.clear();
+    graphs_.emplace(key, nullptr);
+    ops();
+  } else {
+    if (!found->second) found->second = backend_.capture(ops);
+    found->second->launch();
+  }
+}
+
 void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
-                           const std::vector<int>& hidden_layers) {
+                           const std::vector<int>& hidden_layers, bool advance) {
   const Qwen35Config& c = config_;
   Workspace& ws = *ws_;
   Tensor x = first_rows(ws.x, T);
@@ -319,7 +374,7 @@ void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
     const Qwen35Layer& layer = weights_.layers[size_t(i)];
     backend_.rmsnorm(normed, x, layer.input_norm, c.rms_norm_eps, true);
     if (layer.type == LayerType::LinearAttention)
-      gated_delta_net(layer, state.layers[size_t(i)], normed, mixer_out);
+      gated_delta_net(layer, state.layers[size_t(i)], normed, mixer_out, advance);
     else
       gated_attention(layer, state.layers[size_t(i)], normed, mixer_out);
     backend_.add(x, x, mixer_out);

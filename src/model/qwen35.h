@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -45,10 +46,16 @@ struct Qwen35State {
   struct Layer {
     std::unique_ptr<Buffer> k_cache, v_cache;             // [max_context, nkv * head_dim]
     std::unique_ptr<Buffer> conv_state, recurrent_state;  // [conv_dim, kernel-1], [nv * dk, dv]
+    // The GDN inputs of the pending verify step's rows, replayed by Qwen35Model::commit: the conv input
+    // (in_proj_qkv output) [rows, conv_dim], the conv output (q | k | v) [rows, conv_dim], beta and g [rows,
+    // nv].
+    std::unique_ptr<Buffer> pending_conv_in, pending_qkv, pending_beta, pending_g;
   };
   std::vector<Layer> layers;
   int max_context = 0;
   int n_past = 0;
+  int pending_rows = 0;      // rows of the last forward with advance = false, not yet committed
+  int pending_capacity = 0;  // rows the pending_* buffers hold
   uint64_t id = 0;  // distinguishes states in the model's step graphs, which are recorded on their buffers
 };
 
@@ -56,6 +63,10 @@ struct ForwardOptions {
   bool all_logits = false;         // logits of every row (verify, oracle tests), else of the last row only
   bool logits = true;              // false: skip the head (e.g. prefill chunks before the last)
   std::vector<int> hidden_layers;  // residual stream after these layers, for every row
+  // false: a verify step. Its rows see each other as usual, but the state stays where it was: n_past and the
+  // GDN conv/recurrent states are unchanged (attention KV rows past n_past are written, and overwritten by
+  // later steps); commit(state, rows) then advances over the first `rows` tokens.
+  bool advance = true;
 };
 
 // Backend tensors owned by the model's workspace, valid until the next forward.
@@ -78,17 +89,39 @@ class Qwen35Model {
   // Steps of a shape seen before replay a recorded step graph on backends that can record them (default on).
   void set_step_graphs(bool enabled) { step_graphs_ = enabled; }
 
-  // Feeds `tokens` at positions state.n_past.. and advances the state.
+  // Feeds `tokens` at positions state.n_past.. and advances the state (unless options.advance is false).
   ForwardOutput forward(Qwen35State& state, std::span<const int32_t> tokens, const ForwardOptions& options);
+
+  // Accepts the first `rows` tokens of the pending verify step (forward with advance = false): replays them
+  // through every GDN layer's conv and recurrence from the untouched pre-verify state, with the same
+  // per-token arithmetic as a plain step, and advances n_past by `rows`. The rest of the verify step is
+  // dropped.
+  void commit(Qwen35State& state, int rows);
+
+  const Qwen35Weights& weights() const { return weights_; }
 
  private:
   struct Workspace;
+  enum class Step { Forward, Verify, Commit };
+  // A step's shape and state; a null graph marks a shape that ran once and is recorded on its next step.
+  struct GraphKey {
+    uint64_t state_id;
+    Step step;
+    int64_t tokens, logit_rows;
+    std::vector<int> hidden_layers;
+    auto operator<=>(const GraphKey&) const = default;
+  };
   // Grows the activation buffers; true when any was reallocated (recorded step graphs are then stale).
   bool ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count);
+  // Grows the state's pending_* buffers to `rows`; true when reallocated.
+  bool ensure_pending(Qwen35State& state, int rows);
+  // Runs `ops` directly, or through the step graph recorded for `key`.
+  void run_recorded(const GraphKey& key, const std::function<void()>& ops);
   // Every op of one step, from the ids and positions already in the workspace.
-  void run_step(Qwen35State& state, int64_t T, int64_t logit_rows, const std::vector<int>& hidden_layers);
+  void run_step(Qwen35State& state, int64_t T, int64_t logit_rows, const std::vector<int>& hidden_layers,
+                bool advance);
   void gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
-                       const Tensor& out);
+                       const Tensor& out, bool advance);
   void gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
                        const Tensor& out);
   void mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out);
@@ -98,13 +131,6 @@ class Qwen35Model {
   Qwen35Weights weights_;
   std::unique_ptr<Workspace> ws_;
 
-  // A step's shape and state; a null graph marks a shape that ran once and is recorded on its next step.
-  struct GraphKey {
-    uint64_t state_id;
-    int64_t tokens, logit_rows;
-    std::vector<int> hidden_layers;
-    auto operator<=>(const GraphKey&) const = default;
-  };
   static constexpr size_t kMaxStepGraphs = 64;
   bool step_graphs_ = true;
   uint64_t next_state_id_ = 1;

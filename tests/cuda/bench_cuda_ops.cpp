@@ -170,7 +170,7 @@ int run(const char* out_path) {
     std::vector<Tensor> states;
     for (int i = 0; i < kLayers; ++i) states.push_back(bench.activation(32 * 128, 128, -0.5f, 0.5f));
     const double seconds = bench.time([&] {
-      for (const Tensor& state : states) backend->gated_delta_rule(out, qkv, beta, g, state, shape);
+      for (const Tensor& state : states) backend->gated_delta_rule(out, qkv, beta, g, state, shape, true);
     }) / kLayers;
     const double bytes = 2.0 * 32 * 128 * 128 * 4 + 4.0 * (8192 + 64 + 4096);
     results.push_back(entry("gated_delta_rule T=1 nv 32 dk=dv=128 (state r+w)", bytes, seconds));

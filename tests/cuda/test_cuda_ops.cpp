@@ -398,7 +398,7 @@ TEST(CudaOps, Conv1dSilu) {
         const TensorPair x =
             b.activation(tokens, kChannels, random_floats(rng, tokens * kChannels, -2.0f, 2.0f));
         TensorPair out = b.poisoned(tokens, kChannels);
-        on_both([&](const Side& s) { s.backend.conv1d_silu(s(out), s(x), s(state), s(weight)); });
+        on_both([&](const Side& s) { s.backend.conv1d_silu(s(out), s(x), s(state), s(weight), true); });
         const std::string label =
             fmt::format("conv1d_silu {} K={} [{}, {}]", dtype_label(dtype), kernel, tokens, kChannels);
         compare("conv1d_silu", label + " out", out, kElementwiseTolerance);
@@ -411,7 +411,7 @@ TEST(CudaOps, Conv1dSilu) {
       b.weight(DType::BF16, kChannels, 4, random_floats(rng, kChannels * 4, -0.6f, 0.6f));
   TensorPair state = b.activation(kChannels, 3, random_floats(rng, kChannels * 3, -2.0f, 2.0f));
   TensorPair x = b.activation(16, kChannels, random_floats(rng, 16 * kChannels, -2.0f, 2.0f));
-  on_both([&](const Side& s) { s.backend.conv1d_silu(s(x), s(x), s(state), s(weight)); });
+  on_both([&](const Side& s) { s.backend.conv1d_silu(s(x), s(x), s(state), s(weight), true); });
   compare("conv1d_silu", "conv1d_silu in place [16, 8192] out", x, kElementwiseTolerance);
   compare("conv1d_silu", "conv1d_silu in place [16, 8192] state", state, kExact);
 }
@@ -450,8 +450,9 @@ TEST(CudaOps, GatedDeltaRule) {
       const TensorPair g = b.activation(tokens, nv, random_floats(rng, tokens * nv, -2.0f, -0.01f));
       TensorPair state = b.activation(state_rows, shape.value_head_dim, initial_state);
       TensorPair out = b.poisoned(tokens, nv * shape.value_head_dim);
-      on_both(
-          [&](const Side& s) { s.backend.gated_delta_rule(s(out), s(qkv), s(beta), s(g), s(state), shape); });
+      on_both([&](const Side& s) {
+        s.backend.gated_delta_rule(s(out), s(qkv), s(beta), s(g), s(state), shape, true);
+      });
       const std::string label =
           fmt::format("gated_delta_rule nk {} nv {} dk {} dv {} T={}", shape.num_key_heads, nv,
                       shape.key_head_dim, shape.value_head_dim, tokens);

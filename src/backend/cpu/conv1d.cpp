@@ -12,7 +12,8 @@
 
 namespace qspec::cpu {
 
-void CpuBackend::conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) {
+void CpuBackend::conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
+                             bool update_state) {
   check_conv1d_operands(out, x, state, weight);
   if (weight.cols < 1) fail("conv1d_silu: weight has {} columns, expected a kernel size >= 1", weight.cols);
   check_conv1d_shapes(out, x, state, weight);
@@ -32,7 +33,7 @@ void CpuBackend::conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& s
         for (int64_t j = 0; j < kernel; ++j) sum += taps[j] * window[t + j];
         out.row<float>(t)[c] = silu(sum);
       }
-      std::copy_n(window.begin() + tokens, history, state.row<float>(c));
+      if (update_state) std::copy_n(window.begin() + tokens, history, state.row<float>(c));
     }
   });
 }

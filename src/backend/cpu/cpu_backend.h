@@ -35,11 +35,12 @@ class CpuBackend final : public Backend {
   void kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) override;
   void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const Tensor& positions, const AttentionShape& shape) override;
-  void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) override;
+  void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
+                   bool update_state) override;
   void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a, const Tensor& a_log,
                  const Tensor& dt_bias) override;
   void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                        const Tensor& state, const GdnShape& shape) override;
+                        const Tensor& state, const GdnShape& shape, bool update_state) override;
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                      float eps) override;
 };

@@ -162,10 +162,11 @@ void chunked_head(const HeadSequence& in, std::vector<float>& s, const Tensor& o
   }
 }
 
-// Runs head_rule(inputs, state, out, head) for every value head, heads spread over threads.
+// Runs head_rule(inputs, state, out, head) for every value head, heads spread over threads; the state
+// is written back when update_state.
 template <typename HeadRule>
 void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                   const Tensor& state, const GdnShape& shape, HeadRule head_rule) {
+                   const Tensor& state, const GdnShape& shape, bool update_state, HeadRule head_rule) {
   check_gdn_shape(shape);
   check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
   ThreadPool::global().parallel_for(
@@ -174,7 +175,7 @@ void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, con
           const HeadSequence inputs(qkv, beta, g, shape, head);
           std::vector<float> s = load_state(state, head, shape.key_head_dim, shape.value_head_dim);
           head_rule(inputs, s, out, head);
-          store_state(state, head, shape.key_head_dim, shape.value_head_dim, s);
+          if (update_state) store_state(state, head, shape.key_head_dim, shape.value_head_dim, s);
         }
       });
 }
@@ -183,24 +184,28 @@ void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, con
 
 void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape) {
-  for_each_head(out, qkv, beta, g, state, shape, recurrent_head);
+  for_each_head(out, qkv, beta, g, state, shape, true, recurrent_head);
 }
 
 void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                               const Tensor& state, const GdnShape& shape, int chunk_size) {
   if (chunk_size <= 0) fail("gated_delta_rule: chunk size must be positive, got {}", chunk_size);
-  for_each_head(out, qkv, beta, g, state, shape,
+  for_each_head(out, qkv, beta, g, state, shape, true,
                 [chunk_size](const HeadSequence& in, std::vector<float>& s, const Tensor& o, int head) {
                   chunked_head(in, s, o, head, chunk_size);
                 });
 }
 
 void CpuBackend::gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                  const Tensor& state, const GdnShape& shape) {
-  if (qkv.rows == 1)
-    gated_delta_rule_recurrent(out, qkv, beta, g, state, shape);
-  else
-    gated_delta_rule_chunked(out, qkv, beta, g, state, shape);
+                                  const Tensor& state, const GdnShape& shape, bool update_state) {
+  if (qkv.rows <= kGdnRecurrentMaxTokens) {
+    for_each_head(out, qkv, beta, g, state, shape, update_state, recurrent_head);
+  } else {
+    for_each_head(out, qkv, beta, g, state, shape, update_state,
+                  [](const HeadSequence& in, std::vector<float>& s, const Tensor& o, int head) {
+                    chunked_head(in, s, o, head, kGdnChunkSize);
+                  });
+  }
 }
 
 }  // namespace qspec::cpu

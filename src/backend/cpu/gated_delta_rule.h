@@ -2,15 +2,20 @@
 // Backend::gated_delta_rule): the per-token recurrence, and HF's chunked algorithm
 // (torch_chunk_gated_delta_rule). Per value head h, with S[i_k][j_v] and per-token decay exp(g):
 //   S = exp(g) S ;  delta = beta (v - S^T k) ;  S += k delta^T ;  o = S^T q
-// The backend op uses the recurrence for T == 1 and the chunked form for T > 1; tests may call either on any
-// T.
+// The backend op uses the recurrence for T <= kGdnRecurrentMaxTokens and the chunked form beyond: decode, a
+// verify block and the replay of its accepted prefix then give bitwise the rows and states of single-token
+// decode (what lossless speculative decoding is tested against), and long prefills follow HF's chunked
+// prefill. Tests may call either form on any T (both update the state).
 #pragma once
+
+#include <cstdint>
 
 #include "backend/ops.h"
 
 namespace qspec::cpu {
 
 inline constexpr int kGdnChunkSize = 64;
+inline constexpr int64_t kGdnRecurrentMaxTokens = 16;  // a DFlash block
 
 void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape);

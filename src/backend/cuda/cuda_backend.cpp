@@ -199,13 +199,14 @@ class CudaBackend final : public Backend {
                "attention");
   }
 
-  void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) override {
+  void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
+                   bool update_state) override {
     check_conv1d_operands(out, x, state, weight);
     if (weight.cols < 1 || weight.cols > kMaxConvKernel)
       fail("conv1d_silu: weight has {} columns, expected a kernel size in [1, {}]", weight.cols,
            kMaxConvKernel);
     check_conv1d_shapes(out, x, state, weight);
-    check_cuda(launch_conv1d_silu(out, x, state, weight, stream()), "conv1d_silu");
+    check_cuda(launch_conv1d_silu(out, x, state, weight, update_state, stream()), "conv1d_silu");
   }
 
   void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a, const Tensor& a_log,
@@ -215,14 +216,14 @@ class CudaBackend final : public Backend {
   }
 
   void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                        const Tensor& state, const GdnShape& shape) override {
+                        const Tensor& state, const GdnShape& shape, bool update_state) override {
     const auto& [nk, nv, dk, dv] = shape;
     check_gdn_shape(shape);
     if (gated_delta_rule_shared_bytes(dk) > static_cast<size_t>(max_shared_bytes_))
       fail("gated_delta_rule: key_head_dim {} needs {} bytes of shared memory per block, the device has {}",
            dk, gated_delta_rule_shared_bytes(dk), max_shared_bytes_);
     check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
-    check_cuda(launch_gated_delta_rule(out, qkv, beta, g, state, nk, nv, dk, dv, stream()),
+    check_cuda(launch_gated_delta_rule(out, qkv, beta, g, state, nk, nv, dk, dv, update_state, stream()),
                "gated_delta_rule");
   }
 

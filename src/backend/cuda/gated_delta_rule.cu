@@ -20,7 +20,8 @@ constexpr float kL2NormEps = 1e-6f;
 __global__ void gated_delta_rule_kernel(float* out, int64_t out_stride, const float* qkv, int64_t qkv_stride,
                                         const float* beta, int64_t beta_stride, const float* g,
                                         int64_t g_stride, float* state, int64_t state_stride, int64_t tokens,
-                                        int num_key_heads, int num_value_heads, int dk, int dv) {
+                                        int num_key_heads, int num_value_heads, int dk, int dv,
+                                        bool update_state) {
   extern __shared__ float shared[];
   float* slab = shared;                          // [dk][kColumns]
   float* query = slab + dk * kColumns;           // [dk]
@@ -94,6 +95,7 @@ __global__ void gated_delta_rule_kernel(float* out, int64_t out_stride, const fl
     __syncthreads();
   }
 
+  if (!update_state) return;
   for (int i = warp; i < dk; i += kWarps)
     if (valid_column) head_state[i * state_stride + column] = slab[i * kColumns + lane];
 }
@@ -106,14 +108,15 @@ size_t gated_delta_rule_shared_bytes(int key_head_dim) {
 
 cudaError_t launch_gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                     const Tensor& state, int num_key_heads, int num_value_heads,
-                                    int key_head_dim, int value_head_dim, cudaStream_t stream) {
+                                    int key_head_dim, int value_head_dim, bool update_state,
+                                    cudaStream_t stream) {
   if (qkv.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned int>(num_value_heads),
                   static_cast<unsigned int>((value_head_dim + kColumns - 1) / kColumns));
   gated_delta_rule_kernel<<<grid, kBlock, gated_delta_rule_shared_bytes(key_head_dim), stream>>>(
       out.ptr<float>(), out.stride, qkv.ptr<const float>(), qkv.stride, beta.ptr<const float>(), beta.stride,
       g.ptr<const float>(), g.stride, state.ptr<float>(), state.stride, qkv.rows, num_key_heads,
-      num_value_heads, key_head_dim, value_head_dim);
+      num_value_heads, key_head_dim, value_head_dim, update_state);
   return cudaGetLastError();
 }
 

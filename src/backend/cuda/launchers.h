@@ -51,20 +51,22 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
                              const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
                              float scale, float* workspace, cudaStream_t stream);
 
-// conv1d.cu: kernel sizes 1..kMaxConvKernel.
+// conv1d.cu: kernel sizes 1..kMaxConvKernel; the state is written back only when update_state.
 inline constexpr int kMaxConvKernel = 8;
 cudaError_t launch_conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
-                               cudaStream_t stream);
+                               bool update_state, cudaStream_t stream);
 
 // gdn_gates.cu
 cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                              const Tensor& a_log, const Tensor& dt_bias, cudaStream_t stream);
 
 // gated_delta_rule.cu: the per-token recurrence, sequential over T in one launch; one block per (value head,
-// slab of 32 state columns), the slab of the fp32 state held in shared memory for the whole sequence.
+// slab of 32 state columns), the slab of the fp32 state held in shared memory for the whole sequence and
+// written back only when update_state.
 size_t gated_delta_rule_shared_bytes(int key_head_dim);
 cudaError_t launch_gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                     const Tensor& state, int num_key_heads, int num_value_heads,
-                                    int key_head_dim, int value_head_dim, cudaStream_t stream);
+                                    int key_head_dim, int value_head_dim, bool update_state,
+                                    cudaStream_t stream);
 
 }  // namespace qspec::cuda
