@@ -61,11 +61,4 @@ ChatOptions cli_chat_options(bool no_thinking, const nlohmann::ordered_json& too
   return options;
 }
 
-TokenId end_of_turn_id(const ModelTokenizer& model_tokenizer) {
-  constexpr const char* end_of_turn = "<|im_end|>";
-  const std::optional<TokenId> id = model_tokenizer.tokenizer.find_token(end_of_turn);
-  if (!id) fail("tokenizer {}: no {} token to end a chat turn", model_tokenizer.directory, end_of_turn);
-  return *id;
-}
-
 }  // namespace qspec::cli

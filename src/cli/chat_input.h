@@ -24,8 +24,4 @@ ChatInput read_chat_input(const std::string& path);
 // --no-thinking (otherwise undefined, as HF leaves it, so the template's default applies).
 ChatOptions cli_chat_options(bool no_thinking, const nlohmann::ordered_json& tools = nullptr);
 
-// The id of the template's end-of-turn token <|im_end|>, looked up in the tokenizer; generation of a reply
-// stops there. Throws qspec::Error naming the tokenizer directory when it has no such token.
-TokenId end_of_turn_id(const ModelTokenizer& model_tokenizer);
-
 }  // namespace qspec::cli

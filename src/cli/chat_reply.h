@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdio>
-#include <optional>
 #include <string>
 
-#include "cli/generated_text.h"
+#include "engine/reply_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
@@ -24,13 +23,10 @@ class ChatReply {
   std::string finish();
 
  private:
-  void print(const std::string& text);
-  void enter_reasoning();
-  void leave_reasoning();
+  void print(const ReplyDelta& delta);
+  void mark_reasoning(bool entering);
 
-  std::optional<TokenId> think_start_, think_end_;
-  GeneratedText text_;
-  bool in_reasoning_ = false;
+  ReplyText text_;
   bool terminal_;
   std::FILE* out_;
   std::string answer_;

@@ -9,6 +9,9 @@ void register_commands(CLI::App& app) {
   register_tokenize(app);
   register_synth(app);
   register_bench(app);
+#if QSPEC_HAVE_SERVER
+  register_serve(app);
+#endif
 }
 
 }  // namespace qspec::cli

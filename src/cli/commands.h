@@ -15,5 +15,6 @@ void register_chat(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_serve(CLI::App& app);
 
 }  // namespace qspec::cli

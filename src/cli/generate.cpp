@@ -11,9 +11,9 @@
 
 #include "cli/chat_input.h"
 #include "cli/commands.h"
-#include "cli/generated_text.h"
 #include "cli/model_run_options.h"
 #include "core/error.h"
+#include "engine/generated_text.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/model_tokenizer.h"

@@ -23,4 +23,8 @@ std::optional<ModelTokenizer> open_model_tokenizer(const std::string& model_dir,
                                                    const std::string& tokenizer_dir, int vocab_size,
                                                    std::string_view needed_by = {});
 
+// The id of the chat template's end-of-turn token <|im_end|>; generation of a reply stops there. Throws
+// qspec::Error naming the tokenizer directory when it has no such token.
+TokenId end_of_turn_id(const ModelTokenizer& model_tokenizer);
+
 }  // namespace qspec

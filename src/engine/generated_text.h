@@ -9,7 +9,7 @@
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 
-namespace qspec::cli {
+namespace qspec {
 
 class GeneratedText {
  public:
@@ -29,4 +29,4 @@ class GeneratedText {
 // All of it at once: the concatenation of what GeneratedText streams for `ids`.
 std::string generated_text(const Tokenizer& tokenizer, std::span<const TokenId> ids);
 
-}  // namespace qspec::cli
+}  // namespace qspec

@@ -1,6 +1,6 @@
-#include "cli/generated_text.h"
+#include "engine/generated_text.h"
 
-namespace qspec::cli {
+namespace qspec {
 
 GeneratedText::GeneratedText(const Tokenizer& tokenizer)
     : tokenizer_(&tokenizer), decoder_(tokenizer, /*skip_special=*/true) {}
@@ -20,4 +20,4 @@ std::string generated_text(const Tokenizer& tokenizer, std::span<const TokenId> 
   return text + stream.finish();
 }
 
-}  // namespace qspec::cli
+}  // namespace qspec

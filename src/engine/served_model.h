@@ -1,0 +1,52 @@
+// What `qspec serve` runs requests on: the target model with its tokenizer and chat template (each optional:
+// a checkpoint without a tokenizer serves token ids only) and, once speculative decoding lands, a drafter.
+// Requests run one at a time (the scheduler's worker thread); the tokenizer and the template are safe to use
+// from other threads meanwhile.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "engine/generator.h"
+#include "engine/loaded_model.h"
+#include "engine/model_tokenizer.h"
+#include "tokenizer/chat_template.h"
+
+namespace qspec {
+
+struct ServedModelOptions {
+  std::string model_dir;
+  std::string draft_model_dir;  // empty: plain decoding
+  std::string tokenizer_dir;    // empty: the model directory's own tokenizer, if any
+  std::string backend = "cpu";
+  int max_model_len = 0;  // 0: the model's max_position_embeddings
+};
+
+class ServedModel {
+ public:
+  // Throws qspec::Error naming the directory, file or option.
+  explicit ServedModel(const ServedModelOptions& options);
+
+  const Qwen35Config& config() const { return target_.model->config(); }
+  int max_model_len() const { return max_model_len_; }
+  const ModelTokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
+  // Null when the tokenizer directory has no usable chat template; chat_template_error() then says why.
+  const ChatTemplate* chat_template() const { return chat_template_ ? &*chat_template_ : nullptr; }
+  const std::string& chat_template_error() const { return chat_template_error_; }
+
+  // One request on a fresh state of prompt + max_tokens positions: plain decoding, or speculative decoding
+  // when a drafter is loaded (same callback semantics). Call from one thread at a time.
+  GenerationResult generate(std::span<const TokenId> prompt, const GenerationOptions& options,
+                            const TokenCallback& on_token);
+
+ private:
+  LoadedModel target_;
+  int max_model_len_;
+  std::optional<ModelTokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  std::string chat_template_error_;
+};
+
+}  // namespace qspec
