@@ -17,6 +17,7 @@ namespace {
 
 using cpu_test::TestTensor;
 using speculative_testing::read_floats;
+using speculative_testing::state_contents;
 
 std::vector<float> values_of(const TestTensor& t) {
   std::vector<float> out;
@@ -71,21 +72,6 @@ TEST(SpeculativeState, OpsWithoutStateUpdateOnlyReadTheState) {
                               g.view().rows_view(t, 1), stepped.view(), shape, true);
   EXPECT_EQ(values_of(stepped), values_of(updated));
   static_assert(cpu::kGdnRecurrentMaxTokens >= 16);
-}
-
-// Every buffer of the state, as the host sees it: conv and recurrent states, and the KV rows before n_past.
-std::vector<std::vector<float>> state_contents(Backend& backend, const Qwen35State& state) {
-  std::vector<std::vector<float>> contents;
-  for (const Qwen35State::Layer& layer : state.layers) {
-    if (layer.conv_state) {
-      contents.push_back(read_floats(backend, layer.conv_state->tensor()));
-      contents.push_back(read_floats(backend, layer.recurrent_state->tensor()));
-    } else {
-      contents.push_back(read_floats(backend, layer.k_cache->tensor().rows_view(0, state.n_past)));
-      contents.push_back(read_floats(backend, layer.v_cache->tensor().rows_view(0, state.n_past)));
-    }
-  }
-  return contents;
 }
 
 class SpeculativeRollback : public testing::TestWithParam<std::filesystem::path> {};

@@ -151,27 +151,51 @@ void check_kv_store_args(const Tensor& cache, const Tensor& x, const Tensor& pos
   if (x.cols != cache.cols) fail("kv_store: x has {} columns but the cache has {}", x.cols, cache.cols);
 }
 
-void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+namespace {
+
+void check_attention_operands(std::string_view op, const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const AttentionShape& shape) {
-  require_activation("attention", "q", q);
-  require_activation("attention", "out", out);
-  require_activation("attention", "k_cache", k_cache);
-  require_activation("attention", "v_cache", v_cache);
+  require_activation(op, "q", q);
+  require_activation(op, "out", out);
+  require_activation(op, "k_cache", k_cache);
+  require_activation(op, "v_cache", v_cache);
   if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.num_heads % shape.num_kv_heads != 0)
-    fail("attention: num_heads {} must be a positive multiple of num_kv_heads {} (head_dim {})",
-         shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    fail("{}: num_heads {} must be a positive multiple of num_kv_heads {} (head_dim {})", op, shape.num_heads,
+         shape.num_kv_heads, shape.head_dim);
+}
+
+void check_attention_widths(std::string_view op, const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                            const Tensor& v_cache, const AttentionShape& shape) {
+  const int64_t q_cols = int64_t{shape.num_heads} * shape.head_dim;
+  const int64_t kv_cols = int64_t{shape.num_kv_heads} * shape.head_dim;
+  require_shape(op, "q", q, q.rows, q_cols);
+  require_shape(op, "out", out, q.rows, q_cols);
+  require_shape(op, "k_cache", k_cache, k_cache.rows, kv_cols);
+  require_shape(op, "v_cache", v_cache, k_cache.rows, kv_cols);
+}
+
+}  // namespace
+
+void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const AttentionShape& shape) {
+  check_attention_operands("attention", out, q, k_cache, v_cache, shape);
 }
 
 void check_attention_widths(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                             const Tensor& positions, const AttentionShape& shape) {
-  const int64_t q_cols = int64_t{shape.num_heads} * shape.head_dim;
-  const int64_t kv_cols = int64_t{shape.num_kv_heads} * shape.head_dim;
-  require_shape("attention", "q", q, q.rows, q_cols);
-  require_shape("attention", "out", out, q.rows, q_cols);
-  require_shape("attention", "k_cache", k_cache, k_cache.rows, kv_cols);
-  require_shape("attention", "v_cache", v_cache, k_cache.rows, kv_cols);
+  check_attention_widths("attention", out, q, k_cache, v_cache, shape);
   require_indices("attention", "positions", positions, q.rows);
+}
+
+void check_windowed_attention_args(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache, const Tensor& key_begin, const Tensor& key_end,
+                                   const AttentionShape& shape) {
+  constexpr std::string_view op = "windowed_attention";
+  check_attention_operands(op, out, q, k_cache, v_cache, shape);
+  check_attention_widths(op, out, q, k_cache, v_cache, shape);
+  require_indices(op, "key_begin", key_begin, q.rows);
+  require_indices(op, "key_end", key_end, q.rows);
 }
 
 void check_conv1d_operands(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight) {

@@ -48,6 +48,10 @@ void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& 
                               const Tensor& v_cache, const AttentionShape& shape);
 void check_attention_widths(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                             const Tensor& positions, const AttentionShape& shape);
+// windowed_attention: everything but the key ranges' values (a backend that reads them checks those).
+void check_windowed_attention_args(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache, const Tensor& key_begin, const Tensor& key_end,
+                                   const AttentionShape& shape);
 // conv1d_silu's dtypes; then, once the backend has checked the kernel size (weight.cols), the shapes.
 void check_conv1d_operands(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight);
 void check_conv1d_shapes(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight);

@@ -95,6 +95,12 @@ class Backend {
   // Causal attention of q [T, nh*hd] over cache rows 0..positions[t] (inclusive) -> out [T, nh*hd].
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& positions, const AttentionShape& shape) = 0;
+  // Attention of q [T, nh*hd] over cache rows key_begin[t] .. key_end[t] - 1 (I32 [T, 1] each, a non-empty
+  // range within the cache) -> out [T, nh*hd], with no other mask: the DFlash drafter's block sees all its
+  // context and itself, or a window of it.
+  virtual void windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                  const Tensor& v_cache, const Tensor& key_begin, const Tensor& key_end,
+                                  const AttentionShape& shape) = 0;
   // Causal depthwise conv1d (kernel K = weight.cols, no bias) + SiLU over channels C.
   // x [T, C]; state [C, K-1] holds the previous K-1 inputs (oldest first). It is advanced past the T inputs
   // when update_state, else only read (a verify step, whose accepted prefix is replayed later).

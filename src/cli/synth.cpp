@@ -12,7 +12,9 @@ void register_synth(CLI::App& app) {
   auto args = std::make_shared<SynthOptions>();
   auto out = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("synth", "write a synthetic checkpoint (real layout, random weights)");
-  cmd->add_option("--arch", args->arch, "qwen3.5-4b | qwen3.5-tiny (the real vocabulary, hidden 64)");
+  cmd->add_option("--arch", args->arch,
+                  "qwen3.5-4b | qwen3.5-tiny (the real vocabulary, hidden 64) | dflash-qwen3.5-4b (the nota "
+                  "drafter's layout) | dflash-qwen3.5-tiny (a drafter for qwen3.5-tiny)");
   cmd->add_option("--tokenizer", args->tokenizer_dir,
                   "copy this directory's tokenizer files into the checkpoint");
   cmd->add_option("--format", args->format, "bf16 | w4a16-g32 | w4a16-g128");

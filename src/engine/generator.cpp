@@ -8,23 +8,18 @@
 
 namespace qspec {
 
-namespace {
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::vector<float> read_row(Backend& backend, const Tensor& logits) {
+std::vector<float> read_last_row(Backend& backend, const Tensor& logits) {
   std::vector<float> row(size_t(logits.cols));
   backend.read(row.data(), logits.rows_view(logits.rows - 1, 1));
   return row;
 }
 
-}  // namespace
-
-GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<const int32_t> prompt,
-                          const GenerationOptions& options, const TokenCallback& on_token) {
-  const Qwen35Config& config = model.config();
+void check_generation_request(const Qwen35Config& config, const Qwen35State& state,
+                              std::span<const int32_t> prompt, const GenerationOptions& options) {
   if (prompt.empty()) fail("prompt: expected at least one token");
   if (options.max_tokens < 0) fail("max_tokens: expected >= 0, got {}", options.max_tokens);
   if (options.prefill_chunk <= 0) fail("prefill_chunk: expected > 0, got {}", options.prefill_chunk);
@@ -35,29 +30,47 @@ GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<cons
   if (needed > state.max_context)
     fail("prompt of {} tokens + max_tokens {} exceeds the context of {} tokens", prompt.size(),
          options.max_tokens, state.max_context - state.n_past);
+}
 
-  GenerationResult result;
-  result.finish_reason = "length";
-  if (options.max_tokens == 0) return result;
-
+std::vector<int32_t> stop_ids_of(const Qwen35Config& config, const GenerationOptions& options) {
   std::vector<int32_t> stops = options.stop_ids;
   if (!options.ignore_eos)
     stops.insert(stops.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
-  Sampler sampler(options.sampling);
-  Backend& backend = model.backend();
+  return stops;
+}
 
-  auto start = std::chrono::steady_clock::now();
+ForwardOutput prefill(Qwen35Model& model, Qwen35State& state, std::span<const int32_t> prompt,
+                      const GenerationOptions& options, const std::vector<int>& hidden_layers,
+                      const std::function<void(const ForwardOutput&)>& on_chunk) {
   Progress progress("prefill", int64_t(prompt.size()), "tokens");
   ForwardOutput out;
   for (size_t begin = 0; begin < prompt.size(); begin += size_t(options.prefill_chunk)) {
     size_t count = std::min(prompt.size() - begin, size_t(options.prefill_chunk));
     ForwardOptions fo;
     fo.logits = begin + count == prompt.size();
+    fo.hidden_layers = hidden_layers;
     out = model.forward(state, prompt.subspan(begin, count), fo);
+    if (on_chunk) on_chunk(out);
     progress.advance(int64_t(count));
   }
   progress.finish();
-  int32_t next = sampler.sample(read_row(backend, out.logits));
+  return out;
+}
+
+GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<const int32_t> prompt,
+                          const GenerationOptions& options, const TokenCallback& on_token) {
+  check_generation_request(model.config(), state, prompt, options);
+  GenerationResult result;
+  result.finish_reason = "length";
+  if (options.max_tokens == 0) return result;
+
+  const std::vector<int32_t> stops = stop_ids_of(model.config(), options);
+  Sampler sampler(options.sampling);
+  Backend& backend = model.backend();
+
+  auto start = std::chrono::steady_clock::now();
+  ForwardOutput out = prefill(model, state, prompt, options, {}, {});
+  int32_t next = sampler.sample(read_last_row(backend, out.logits));
   result.prefill_seconds = seconds_since(start);
 
   start = std::chrono::steady_clock::now();
@@ -70,7 +83,7 @@ GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<cons
     }
     if (!keep_going || int(result.tokens.size()) >= options.max_tokens) break;
     out = model.forward(state, std::span<const int32_t>(&next, 1), ForwardOptions{});
-    next = sampler.sample(read_row(backend, out.logits));
+    next = sampler.sample(read_last_row(backend, out.logits));
   }
   result.decode_seconds = seconds_since(start);
   return result;

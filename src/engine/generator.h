@@ -1,6 +1,7 @@
 // Plain (non-speculative) generation: prefill the prompt in chunks, then one token per step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -20,11 +21,21 @@ struct GenerationOptions {
   int prefill_chunk = 512;        // tokens per prefill step; bounds activation memory on long prompts
 };
 
+// One speculative step: the drafts the target verified and how many of them it accepted.
+struct SpeculativeStep {
+  std::vector<int32_t> drafts;
+  int accepted = 0;
+};
+
 struct GenerationResult {
   std::vector<int32_t> tokens;  // generated ids, including a final stop id if one was produced
   std::string finish_reason;    // "stop" or "length"
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
+  // Speculative decoding only: drafts verified and accepted in all steps, and each step.
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<SpeculativeStep> steps;
 };
 
 // on_token is called with each generated id as soon as it is chosen; returning false stops generation.
@@ -32,5 +43,21 @@ using TokenCallback = std::function<bool(int32_t)>;
 
 GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<const int32_t> prompt,
                           const GenerationOptions& options, const TokenCallback& on_token = {});
+
+// What generate() and generate_speculative() share.
+// Throws Error naming the option when the prompt or options do not fit the model and the state's context.
+void check_generation_request(const Qwen35Config& config, const Qwen35State& state,
+                              std::span<const int32_t> prompt, const GenerationOptions& options);
+// The ids that end generation: options.stop_ids and, unless ignore_eos, the model's EOS ids.
+std::vector<int32_t> stop_ids_of(const Qwen35Config& config, const GenerationOptions& options);
+// Feeds the prompt in chunks of options.prefill_chunk; on_chunk sees each chunk's output (hidden states of
+// `hidden_layers`). Returns the last chunk's output, whose logits are the last row's.
+ForwardOutput prefill(Qwen35Model& model, Qwen35State& state, std::span<const int32_t> prompt,
+                      const GenerationOptions& options, const std::vector<int>& hidden_layers,
+                      const std::function<void(const ForwardOutput&)>& on_chunk);
+// The last row of a logits tensor, on the host.
+std::vector<float> read_last_row(Backend& backend, const Tensor& logits);
+// Seconds since `start`.
+double seconds_since(std::chrono::steady_clock::time_point start);
 
 }  // namespace qspec

@@ -24,7 +24,13 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
-  if (params_.temperature == 0.0f) return argmax(logits);
+  if (greedy()) return argmax(logits);
+  return draw(distribution(logits));
+}
+
+const std::vector<TokenProbability>& Sampler::distribution(std::span<const float> logits) {
+  if (logits.empty()) fail("sample: empty logits");
+  const double temperature = greedy() ? 1.0 : params_.temperature;
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) candidates_.emplace_back(logits[i], int32_t(i));
   auto by_logit = [](const auto& a, const auto& b) {
@@ -40,33 +46,50 @@ int32_t Sampler::sample(std::span<const float> logits) {
     std::sort(candidates_.begin(), candidates_.end(), by_logit);
   }
   // Softmax of logit / temperature over the kept candidates, in double for a stable sum.
-  std::vector<double> probs(candidates_.size());
+  distribution_.clear();
   const double top = candidates_.front().first;
   double total = 0.0;
-  for (size_t i = 0; i < candidates_.size(); ++i) {
-    probs[i] = std::exp((double(candidates_[i].first) - top) / params_.temperature);
-    total += probs[i];
+  for (const auto& [logit, id] : candidates_) {
+    distribution_.push_back({id, std::exp((double(logit) - top) / temperature)});
+    total += distribution_.back().probability;
   }
   // top-p: the smallest prefix (by probability) whose mass reaches top_p.
-  size_t count = candidates_.size();
   if (params_.top_p < 1.0f) {
     double mass = 0.0;
-    for (size_t i = 0; i < candidates_.size(); ++i) {
-      mass += probs[i] / total;
+    for (size_t i = 0; i < distribution_.size(); ++i) {
+      mass += distribution_[i].probability / total;
       if (mass >= params_.top_p) {
-        count = i + 1;
+        distribution_.resize(i + 1);
         break;
       }
     }
   }
   double kept_total = 0.0;
-  for (size_t i = 0; i < count; ++i) kept_total += probs[i];
-  double r = std::uniform_real_distribution<double>(0.0, kept_total)(rng_);
-  for (size_t i = 0; i < count; ++i) {
-    r -= probs[i];
-    if (r < 0.0) return candidates_[i].second;
+  for (const TokenProbability& t : distribution_) kept_total += t.probability;
+  for (TokenProbability& t : distribution_) t.probability /= kept_total;
+  return distribution_;
+}
+
+int32_t Sampler::draw(std::span<const TokenProbability> distribution, int32_t excluded) {
+  double total = 0.0;
+  const TokenProbability* last = nullptr;
+  for (const TokenProbability& t : distribution)
+    if (t.id != excluded) {
+      total += t.probability;
+      last = &t;
+    }
+  if (!last || !(total > 0.0)) fail("sample: no probability mass left to draw from");
+  double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  for (const TokenProbability& t : distribution) {
+    if (t.id == excluded) continue;
+    r -= t.probability;
+    if (r < 0.0) return t.id;
   }
-  return candidates_[count - 1].second;
+  return last->id;
+}
+
+double Sampler::uniform() {
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
 }
 
 }  // namespace qspec

@@ -13,6 +13,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "io/dflash_config.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 
@@ -109,15 +110,72 @@ json qwen35_tiny_config() {
   return config;
 }
 
-// compressed-tensors W4A16 as llm-compressor writes it: every Linear of the language model except the 32-row
-// GDN b/a projections; the vision tower and the MTP head stay dense.
-json w4a16_quantization_config(int group_size) {
+// The nota drafter's config.json (SpecForge configs/qwen3.5-4b-dflash.json, dflash-system.md §1.1).
+json dflash_qwen35_4b_config() {
+  json layer_types = json::array();
+  for (int i = 0; i < 5; ++i) layer_types.push_back("full_attention");
+  return {{"architectures", {"DFlashDraftModel"}},
+          {"auto_map", {{"AutoModel", "dflash.DFlashDraftModel"}}},
+          {"model_type", "qwen3"},
+          {"block_size", 16},
+          {"dflash_config", {{"mask_token_id", 248070}, {"target_layer_ids", {1, 8, 15, 22, 29}}}},
+          {"num_hidden_layers", 5},
+          {"num_target_layers", 32},
+          {"hidden_size", 2560},
+          {"intermediate_size", 9728},
+          {"hidden_act", "silu"},
+          {"num_attention_heads", 32},
+          {"num_key_value_heads", 8},
+          {"head_dim", 128},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"layer_types", layer_types},
+          {"sliding_window", nullptr},
+          {"use_sliding_window", false},
+          {"max_window_layers", 5},
+          {"rope_theta", 10000000},
+          {"rope_scaling", nullptr},
+          {"max_position_embeddings", 262144},
+          {"rms_norm_eps", 1e-06},
+          {"tie_word_embeddings", true},
+          {"vocab_size", 248320},
+          {"bos_token_id", 248043},
+          {"eos_token_id", 248044},
+          {"pad_token_id", 248044},
+          {"dtype", "bfloat16"},
+          {"initializer_range", 0.02},
+          {"transformers_version", "4.57.1"}};
+}
+
+// A drafter for qwen3.5-tiny: the real vocabulary and mask id, two layers at hidden size 64.
+json dflash_qwen35_tiny_config() {
+  json config = dflash_qwen35_4b_config();
+  config["dflash_config"]["target_layer_ids"] = {1, 2};
+  config["num_hidden_layers"] = 2;
+  config["num_target_layers"] = 4;
+  config["hidden_size"] = 64;
+  config["intermediate_size"] = 128;
+  config["num_attention_heads"] = 4;
+  config["num_key_value_heads"] = 2;
+  config["head_dim"] = 16;
+  config["layer_types"] = {"full_attention", "full_attention"};
+  config["max_window_layers"] = 2;
+  return config;
+}
+
+// compressed-tensors W4A16 as llm-compressor writes it: for the target every Linear of the language model
+// except the 32-row GDN b/a projections (the vision tower and the MTP head stay dense); for the drafter every
+// Linear, fc included (the nota GPTQ recipe, dflash-system.md §6.4).
+json w4a16_quantization_config(int group_size, bool drafter) {
+  const json ignore = drafter
+                          ? json::array()
+                          : json{"lm_head", "re:.*in_proj_[ab]$", "re:^model\\.visual\\..*", "re:^mtp\\..*"};
   return {{"quant_method", "compressed-tensors"},
           {"format", "pack-quantized"},
           {"quantization_status", "compressed"},
           {"global_compression_ratio", nullptr},
           {"kv_cache_scheme", nullptr},
-          {"ignore", {"lm_head", "re:.*in_proj_[ab]$", "re:^model\\.visual\\..*", "re:^mtp\\..*"}},
+          {"ignore", ignore},
           {"config_groups",
            {{"group_0",
              {{"targets", {"Linear"}},
@@ -233,12 +291,14 @@ struct Distribution {
 };
 
 // Scales chosen so the residual stream stays O(1): projections have unit gain, zero-centred norms start near
-// 0 (weight 1 + w), decays and step sizes lie in the ranges the real initialisation uses.
-Distribution distribution_for(const std::string& name, const std::vector<int64_t>& shape) {
+// 0 (weight 1 + w) and plain norms (the drafter's, w) near 1, decays and step sizes lie in the ranges the
+// real initialisation uses.
+Distribution distribution_for(const std::string& name, const std::vector<int64_t>& shape, bool plain_norms) {
   const float fan_in = shape.size() >= 2 ? float(shape[1]) : 1.0f;
   if (name.ends_with("A_log")) return {0.05f, 0.95f, true};
   if (name.ends_with("dt_bias")) return {-6.0f, -2.0f};
   if (name.ends_with("linear_attn.norm.weight")) return {0.9f, 1.1f};
+  if (plain_norms && name.find("norm") != std::string::npos) return {0.9f, 1.1f};
   if (name.find("norm") != std::string::npos || name.ends_with(".bias")) return {-0.1f, 0.1f};
   if (name.ends_with("conv1d.weight")) return {-0.8f, 0.8f};
   if (name.find("embed_tokens") != std::string::npos) return {-0.035f, 0.035f};  // std 0.02
@@ -267,8 +327,8 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 
 constexpr size_t kChunk = size_t(1) << 20;
 
-void fill_tensor(const SynthTensor& t, uint8_t* out, uint64_t seed,
-                 const std::vector<int64_t>& linear_shape) {
+void fill_tensor(const SynthTensor& t, uint8_t* out, uint64_t seed, const std::vector<int64_t>& linear_shape,
+                 bool plain_norms) {
   const size_t n = t.numel();
   const uint64_t base = mix(seed ^ name_hash(t.name));
   if (t.name.ends_with(".weight_shape")) {
@@ -287,7 +347,7 @@ void fill_tensor(const SynthTensor& t, uint8_t* out, uint64_t seed,
   const bool scale = t.name.ends_with(".weight_scale");
   // A nibble uniform on [0, 16) minus 8 has std ~4.6: the scale gives the dequantized weight std 1/sqrt(K).
   const float scale_value = scale ? 1.0f / std::sqrt(float(linear_shape[1])) / 4.6f : 0.0f;
-  const Distribution d = distribution_for(t.name, t.shape);
+  const Distribution d = distribution_for(t.name, t.shape, plain_norms);
   ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](size_t begin, size_t end) {
     for (size_t c = begin; c < end; ++c) {
       for (size_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
@@ -314,7 +374,7 @@ void fill_tensor(const SynthTensor& t, uint8_t* out, uint64_t seed,
 }  // namespace
 
 std::vector<std::string> synth_architectures() {
-  return {"qwen3.5-4b", "qwen3.5-tiny"};
+  return {"qwen3.5-4b", "qwen3.5-tiny", "dflash-qwen3.5-4b", "dflash-qwen3.5-tiny"};
 }
 std::vector<std::string> synth_formats() {
   return {"bf16", "w4a16-g32", "w4a16-g128"};
@@ -326,27 +386,38 @@ json synthetic_config(const SynthOptions& options) {
     config = qwen35_4b_config();
   else if (options.arch == "qwen3.5-tiny")
     config = qwen35_tiny_config();
+  else if (options.arch == "dflash-qwen3.5-4b")
+    config = dflash_qwen35_4b_config();
+  else if (options.arch == "dflash-qwen3.5-tiny")
+    config = dflash_qwen35_tiny_config();
   else
     fail("--arch: unknown architecture '{}' (available: {})", options.arch,
          fmt::join(synth_architectures(), ", "));
   if (options.format == "w4a16-g32" || options.format == "w4a16-g128")
-    config["quantization_config"] = w4a16_quantization_config(options.format == "w4a16-g32" ? 32 : 128);
+    config["quantization_config"] =
+        w4a16_quantization_config(options.format == "w4a16-g32" ? 32 : 128, is_drafter_config(config));
   else if (options.format != "bf16")
     fail("--format: unknown format '{}' (available: {})", options.format, fmt::join(synth_formats(), ", "));
   return config;
 }
 
-void write_synthetic_checkpoint(const std::string& dir, const SynthOptions& options) {
-  const json config = synthetic_config(options);
-  std::vector<SynthTensor> tensors = checkpoint_tensors(
-      Qwen35Config::parse(config.dump(), "synthetic config"), options.arch == "qwen3.5-4b");
+bool is_drafter_config(const json& config) {
+  const auto architectures = config.find("architectures");
+  return architectures != config.end() && architectures->is_array() && !architectures->empty() &&
+         (*architectures)[0] == "DFlashDraftModel";
+}
 
+namespace {
+
+void write_checkpoint(const std::string& dir, const json& config, const std::vector<SynthTensor>& tensors,
+                      uint64_t seed, uint64_t shard_bytes) {
+  const bool plain_norms = is_drafter_config(config);
   // Assign tensors to shards in order, a new shard past shard_bytes.
   std::vector<size_t> shard_of(tensors.size());
   size_t shards = 1, used = 0;
   uint64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (used > 0 && used + tensors[i].nbytes() > options.shard_bytes) {
+    if (used > 0 && used + tensors[i].nbytes() > shard_bytes) {
       ++shards;
       used = 0;
     }
@@ -368,7 +439,7 @@ void write_synthetic_checkpoint(const std::string& dir, const SynthOptions& opti
       const SynthTensor& t = tensors[i];
       if (t.name.ends_with(".weight_packed")) linear_shape = {t.shape[0], t.shape[1] * 8};
       TensorData td{t.name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
-      fill_tensor(t, td.bytes.data(), options.seed, linear_shape);
+      fill_tensor(t, td.bytes.data(), seed, linear_shape, plain_norms);
       progress.advance(int64_t(t.nbytes() / 1000000));
       weight_map[t.name] = shard_name(s);
       data.push_back(std::move(td));
@@ -379,6 +450,34 @@ void write_synthetic_checkpoint(const std::string& dir, const SynthOptions& opti
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   write_text_file(dir + "/model.safetensors.index.json", index.dump(2));
   write_text_file(dir + "/config.json", config.dump(2));
+}
+
+std::vector<SynthTensor> drafter_tensors(const DFlashConfig& config) {
+  std::vector<SynthTensor> tensors;
+  for (const TensorSpec& spec : config.tensor_specs())
+    tensors.push_back(
+        {spec.name, spec.dtypes[0], spec.shape});  // BF16 dense, I32 packed, BF16 scales, I64 shapes
+  return tensors;
+}
+
+}  // namespace
+
+void write_synthetic_drafter(const std::string& dir, const json& config, uint64_t seed) {
+  const DFlashConfig parsed = DFlashConfig::parse(config.dump(), "synthetic drafter config");
+  write_checkpoint(dir, config, drafter_tensors(parsed), seed, uint64_t(2) << 30);
+}
+
+void write_synthetic_checkpoint(const std::string& dir, const SynthOptions& options) {
+  const json config = synthetic_config(options);
+  if (is_drafter_config(config)) {
+    const DFlashConfig parsed = DFlashConfig::parse(config.dump(), "synthetic drafter config");
+    write_checkpoint(dir, config, drafter_tensors(parsed), options.seed, options.shard_bytes);
+  } else {
+    write_checkpoint(dir, config,
+                     checkpoint_tensors(Qwen35Config::parse(config.dump(), "synthetic config"),
+                                        options.arch == "qwen3.5-4b"),
+                     options.seed, options.shard_bytes);
+  }
   if (!options.tokenizer_dir.empty()) copy_tokenizer_files(options.tokenizer_dir, dir);
 }
 

@@ -10,32 +10,16 @@
 #include "core/progress.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "model/weight_upload.h"
 
 namespace qspec {
 
 namespace {
 
-Tensor vector_weight(Backend& backend, const TensorStore& store, const std::string& name, int64_t length) {
-  const TensorView& view = store.get(name);
-  if (view.numel() != length)
-    fail("{}: tensor {} has {} elements, expected {}", store.source(), name, view.numel(), length);
-  return backend.upload_weight(view, 1, length);
-}
-
 LinearWeight linear_weight(Backend& backend, const Qwen35Config& config, const TensorStore& store,
                            const std::string& module, int64_t out_features, int64_t in_features) {
-  LinearTensors found = find_linear(config, store, module, out_features, in_features);
-  LinearWeight w;
-  w.out_features = out_features;
-  w.in_features = in_features;
-  if (found.weight) {
-    w.weight = backend.upload_weight(*found.weight, out_features, in_features);
-  } else {
-    w.packed = backend.upload_weight(*found.packed, out_features, in_features / 8);
-    w.scales = backend.upload_weight(*found.scales, out_features, in_features / found.group_size);
-    w.group_size = found.group_size;
-  }
-  return w;
+  return upload_linear(backend, find_linear(config, store, module, out_features, in_features), out_features,
+                       in_features);
 }
 
 Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Backend& backend) {
@@ -46,7 +30,7 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
   Qwen35Weights w;
   const TensorView& embed = store.get(model_tensor(c, "embed_tokens.weight"));
   w.embed = backend.upload_weight(embed, V, H);
-  w.final_norm = vector_weight(backend, store, model_tensor(c, "norm.weight"), H);
+  w.final_norm = upload_vector(backend, store, model_tensor(c, "norm.weight"), H);
   if (c.tie_word_embeddings) {
     w.lm_head.out_features = V;
     w.lm_head.in_features = H;
@@ -62,8 +46,8 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
     auto name = [&](std::string_view suffix) { return layer_module(c, i, suffix); };
     Qwen35Layer layer;
     layer.type = c.layer_types[size_t(i)];
-    layer.input_norm = vector_weight(backend, store, name("input_layernorm.weight"), H);
-    layer.post_attention_norm = vector_weight(backend, store, name("post_attention_layernorm.weight"), H);
+    layer.input_norm = upload_vector(backend, store, name("input_layernorm.weight"), H);
+    layer.post_attention_norm = upload_vector(backend, store, name("post_attention_layernorm.weight"), H);
     layer.mlp_gate = linear_weight(backend, c, store, name("mlp.gate_proj"), FF, H);
     layer.mlp_up = linear_weight(backend, c, store, name("mlp.up_proj"), FF, H);
     layer.mlp_down = linear_weight(backend, c, store, name("mlp.down_proj"), H, FF);
@@ -75,17 +59,17 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
       layer.out_proj = linear_weight(backend, c, store, name("linear_attn.out_proj"), H, value_dim);
       layer.conv_weight =
           backend.upload_weight(store.get(name("linear_attn.conv1d.weight")), conv_dim, c.conv_kernel);
-      layer.dt_bias = vector_weight(backend, store, name("linear_attn.dt_bias"), nv);
-      layer.a_log = vector_weight(backend, store, name("linear_attn.A_log"), nv);
+      layer.dt_bias = upload_vector(backend, store, name("linear_attn.dt_bias"), nv);
+      layer.a_log = upload_vector(backend, store, name("linear_attn.A_log"), nv);
       layer.gdn_norm =
-          vector_weight(backend, store, name("linear_attn.norm.weight"), c.linear_value_head_dim);
+          upload_vector(backend, store, name("linear_attn.norm.weight"), c.linear_value_head_dim);
     } else {
       layer.q_proj = linear_weight(backend, c, store, name("self_attn.q_proj"), 2 * q_dim, H);
       layer.k_proj = linear_weight(backend, c, store, name("self_attn.k_proj"), kv_dim, H);
       layer.v_proj = linear_weight(backend, c, store, name("self_attn.v_proj"), kv_dim, H);
       layer.o_proj = linear_weight(backend, c, store, name("self_attn.o_proj"), H, q_dim);
-      layer.q_norm = vector_weight(backend, store, name("self_attn.q_norm.weight"), c.head_dim);
-      layer.k_norm = vector_weight(backend, store, name("self_attn.k_norm.weight"), c.head_dim);
+      layer.q_norm = upload_vector(backend, store, name("self_attn.q_norm.weight"), c.head_dim);
+      layer.k_norm = upload_vector(backend, store, name("self_attn.k_norm.weight"), c.head_dim);
     }
     w.layers.push_back(std::move(layer));
     progress.advance(1);

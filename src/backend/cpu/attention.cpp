@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/attention_rows.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/index_checks.h"
 #include "backend/cpu/math.h"
@@ -23,9 +24,8 @@ void check_attention_args(const Tensor& out, const Tensor& q, const Tensor& k_ca
 
 }  // namespace
 
-void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                           const Tensor& positions, const AttentionShape& shape) {
-  check_attention_args(out, q, k_cache, v_cache, positions, shape);
+void attend_key_ranges(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const AttentionShape& shape, const KeyRange& key_range) {
   const int64_t dim = shape.head_dim;
   const int heads_per_kv = shape.num_heads / shape.num_kv_heads;
   // One task per (query row, head): each writes its own slice of out.
@@ -38,11 +38,12 @@ void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_c
       const auto head = static_cast<int64_t>(task % static_cast<size_t>(shape.num_heads));
       const int64_t kv_offset = head / heads_per_kv * dim;
       const float* query = q.row<float>(t) + head * dim;
-      const int64_t keys = positions.row<int32_t>(t)[0] + 1;
+      const auto [first_key, end_key] = key_range(t);
+      const int64_t keys = end_key - first_key;
       scores.resize(static_cast<size_t>(keys));
       float max_score = -INFINITY;
       for (int64_t j = 0; j < keys; ++j) {
-        scores[j] = dot(query, k_cache.row<float>(j) + kv_offset, dim) * shape.scale;
+        scores[j] = dot(query, k_cache.row<float>(first_key + j) + kv_offset, dim) * shape.scale;
         max_score = std::max(max_score, scores[j]);
       }
       float total = 0.0f;
@@ -52,12 +53,20 @@ void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_c
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < keys; ++j) {
-        const float* value = v_cache.row<float>(j) + kv_offset;
+        const float* value = v_cache.row<float>(first_key + j) + kv_offset;
         const float weight = scores[j] / total;
         for (int64_t d = 0; d < dim; ++d) acc[d] += weight * value[d];
       }
       std::copy(acc.begin(), acc.end(), out.row<float>(t) + head * dim);
     }
+  });
+}
+
+void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const Tensor& positions, const AttentionShape& shape) {
+  check_attention_args(out, q, k_cache, v_cache, positions, shape);
+  attend_key_ranges(out, q, k_cache, v_cache, shape, [&](int64_t t) {
+    return std::pair<int64_t, int64_t>{0, positions.row<int32_t>(t)[0] + 1};
   });
 }
 

@@ -35,6 +35,9 @@ class CpuBackend final : public Backend {
   void kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) override;
   void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const Tensor& positions, const AttentionShape& shape) override;
+  void windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& key_begin, const Tensor& key_end,
+                          const AttentionShape& shape) override;
   void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
                    bool update_state) override;
   void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a, const Tensor& a_log,

@@ -199,6 +199,18 @@ class CudaBackend final : public Backend {
                "attention");
   }
 
+  void windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& key_begin, const Tensor& key_end, const AttentionShape& shape) override {
+    check_windowed_attention_args(out, q, k_cache, v_cache, key_begin, key_end, shape);
+    if (shape.head_dim > kMaxAttentionHeadDim)
+      fail("windowed_attention: head_dim {} is above the CUDA backend's {}", shape.head_dim,
+           kMaxAttentionHeadDim);
+    require_rows_limit("windowed_attention", q.rows);
+    check_cuda(launch_windowed_attention(out, q, k_cache, v_cache, key_begin, key_end, shape.num_heads,
+                                         shape.num_kv_heads, shape.head_dim, shape.scale, stream()),
+               "windowed_attention");
+  }
+
   void conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
                    bool update_state) override {
     check_conv1d_operands(out, x, state, weight);

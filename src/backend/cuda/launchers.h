@@ -51,6 +51,13 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
                              const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
                              float scale, float* workspace, cudaStream_t stream);
 
+// windowed_attention.cu: query row t over cache rows [key_begin[t], key_end[t]); an empty range or one outside
+// the cache gives a NaN output row. head_dim <= kMaxAttentionHeadDim.
+cudaError_t launch_windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                      const Tensor& v_cache, const Tensor& key_begin, const Tensor& key_end,
+                                      int num_heads, int num_kv_heads, int head_dim, float scale,
+                                      cudaStream_t stream);
+
 // conv1d.cu: kernel sizes 1..kMaxConvKernel; the state is written back only when update_state.
 inline constexpr int kMaxConvKernel = 8;
 cudaError_t launch_conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,

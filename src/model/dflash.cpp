@@ -1,0 +1,234 @@
+#include "model/dflash.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/weight_upload.h"
+
+namespace qspec {
+
+namespace {
+
+DFlashWeights load_weights(const DFlashConfig& c, const TensorStore& store, Backend& backend) {
+  const int64_t H = c.hidden_size, FF = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  auto linear = [&](const std::string& module, int64_t out_features, int64_t in_features) {
+    return upload_linear(backend, c.find_linear(store, module, out_features, in_features), out_features,
+                         in_features);
+  };
+  auto vector = [&](const std::string& name, int64_t length) {
+    return upload_vector(backend, store, name, length);
+  };
+  DFlashWeights w;
+  w.fc = linear("fc", H, int64_t(c.target_layer_ids.size()) * H);
+  w.hidden_norm = vector("hidden_norm.weight", H);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = fmt::format("layers.{}.", i);
+    DFlashLayer layer;
+    layer.input_norm = vector(p + "input_layernorm.weight", H);
+    layer.q_proj = linear(p + "self_attn.q_proj", q_dim, H);
+    layer.k_proj = linear(p + "self_attn.k_proj", kv_dim, H);
+    layer.v_proj = linear(p + "self_attn.v_proj", kv_dim, H);
+    layer.o_proj = linear(p + "self_attn.o_proj", H, q_dim);
+    layer.q_norm = vector(p + "self_attn.q_norm.weight", c.head_dim);
+    layer.k_norm = vector(p + "self_attn.k_norm.weight", c.head_dim);
+    layer.post_attention_norm = vector(p + "post_attention_layernorm.weight", H);
+    layer.mlp_gate = linear(p + "mlp.gate_proj", FF, H);
+    layer.mlp_up = linear(p + "mlp.up_proj", FF, H);
+    layer.mlp_down = linear(p + "mlp.down_proj", H, FF);
+    w.layers.push_back(std::move(layer));
+  }
+  w.final_norm = vector("norm.weight", H);
+  return w;
+}
+
+Tensor first_rows(const std::unique_ptr<Buffer>& buffer, int64_t rows) {
+  return buffer->tensor().rows_view(0, rows);
+}
+
+}  // namespace
+
+// Block buffers sized once (block_size rows); context buffers grown to the largest context chunk seen.
+struct DFlashModel::Workspace {
+  int64_t context_capacity = 0;
+  std::unique_ptr<Buffer> context_positions, features, context, context_k, context_v;
+  std::unique_ptr<Buffer> ids, positions, key_begin, key_end;
+  std::unique_ptr<Buffer> h, normed, q, k, v, attn, mixer_out, mlp_gate, mlp_up, mlp_act, mlp_out, logits;
+};
+
+DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qwen35Model& target,
+                         const std::string& target_dir)
+    : config_(std::move(config)),
+      backend_(target.backend()),
+      target_(target.weights()),
+      ws_(std::make_unique<Workspace>()) {
+  config_.check_target(target.config(), target_dir);
+  weights_ = load_weights(config_, store, backend_);
+  const DFlashConfig& c = config_;
+  const int64_t B = c.block_size, H = c.hidden_size, FF = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  Workspace& ws = *ws_;
+  auto make = [&](std::unique_ptr<Buffer>& b, int64_t cols, DType dtype = DType::F32) {
+    b = backend_.alloc(dtype, B, cols);
+  };
+  make(ws.ids, 1, DType::I32);
+  make(ws.positions, 1, DType::I32);
+  make(ws.key_begin, 1, DType::I32);
+  make(ws.key_end, 1, DType::I32);
+  make(ws.h, H);
+  make(ws.normed, H);
+  make(ws.q, q_dim);
+  make(ws.k, kv_dim);
+  make(ws.v, kv_dim);
+  make(ws.attn, q_dim);
+  make(ws.mixer_out, H);
+  make(ws.mlp_gate, FF);
+  make(ws.mlp_up, FF);
+  make(ws.mlp_act, FF);
+  make(ws.mlp_out, H);
+  ws.logits = backend_.alloc(DType::F32, B - 1, c.vocab_size);
+}
+
+DFlashModel::~DFlashModel() = default;
+
+std::unique_ptr<DFlashState> DFlashModel::new_state(int max_context) {
+  const int64_t kv_dim = int64_t(config_.num_kv_heads) * config_.head_dim;
+  auto state = std::make_unique<DFlashState>();
+  state->max_context = max_context;
+  for (int i = 0; i < config_.num_layers; ++i) {
+    DFlashState::Layer layer;
+    layer.k_cache = backend_.alloc(DType::F32, max_context + config_.block_size, kv_dim);
+    layer.v_cache = backend_.alloc(DType::F32, max_context + config_.block_size, kv_dim);
+    state->layers.push_back(std::move(layer));
+  }
+  return state;
+}
+
+void DFlashModel::reset(DFlashState& state) const {
+  state.n_context = 0;
+}
+
+void DFlashModel::ensure_context_rows(int64_t rows) {
+  Workspace& ws = *ws_;
+  if (rows <= ws.context_capacity) return;
+  const DFlashConfig& c = config_;
+  const int64_t kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  ws.context_positions = backend_.alloc(DType::I32, rows, 1);
+  ws.features = backend_.alloc(DType::F32, rows, int64_t(c.target_layer_ids.size()) * c.hidden_size);
+  ws.context = backend_.alloc(DType::F32, rows, c.hidden_size);
+  ws.context_k = backend_.alloc(DType::F32, rows, kv_dim);
+  ws.context_v = backend_.alloc(DType::F32, rows, kv_dim);
+  ws.context_capacity = rows;
+}
+
+void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> features) {
+  const DFlashConfig& c = config_;
+  if (features.size() != c.target_layer_ids.size())
+    fail("drafter context: {} feature tensors, expected one per target layer id ({})", features.size(),
+         c.target_layer_ids.size());
+  const int64_t rows = features.front().rows;
+  for (const Tensor& f : features)
+    if (f.rows != rows || f.cols != c.hidden_size)
+      fail("drafter context: feature tensor [{}, {}], expected [{}, {}]", f.rows, f.cols, rows,
+           c.hidden_size);
+  if (state.n_context + rows > state.max_context)
+    fail("drafter context: {} rows after {} exceed the context of {} tokens", rows, state.n_context,
+         state.max_context);
+  if (rows == 0) return;
+  ensure_context_rows(rows);
+  Workspace& ws = *ws_;
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (int64_t t = 0; t < rows; ++t) positions[size_t(t)] = int32_t(state.n_context + t);
+  const Tensor pos = first_rows(ws.context_positions, rows);
+  backend_.write(pos, positions.data());
+
+  // C = hidden_norm(fc(concat(features))), then each layer's k_norm'd, rotated K and its V at the positions.
+  const Tensor concatenated = first_rows(ws.features, rows);
+  for (size_t i = 0; i < features.size(); ++i)
+    backend_.copy(concatenated.cols_view(int64_t(i) * c.hidden_size, c.hidden_size), features[i]);
+  const Tensor context = first_rows(ws.context, rows);
+  backend_.linear(context, concatenated, weights_.fc);
+  backend_.rmsnorm(context, context, weights_.hidden_norm, c.rms_norm_eps, false);
+  const Tensor k = first_rows(ws.context_k, rows), v = first_rows(ws.context_v, rows);
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const DFlashLayer& layer = weights_.layers[i];
+    backend_.linear(k, context, layer.k_proj);
+    backend_.linear(v, context, layer.v_proj);
+    backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, false);
+    backend_.rope(k, pos, c.head_dim, c.head_dim, c.rope_theta);
+    backend_.kv_store(state.layers[i].k_cache->tensor(), k, pos);
+    backend_.kv_store(state.layers[i].v_cache->tensor(), v, pos);
+  }
+  state.n_context += int(rows);
+}
+
+void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out) {
+  backend_.linear(ws_->mlp_gate->tensor(), x, layer.mlp_gate);
+  backend_.linear(ws_->mlp_up->tensor(), x, layer.mlp_up);
+  backend_.silu_mul(ws_->mlp_act->tensor(), ws_->mlp_gate->tensor(), ws_->mlp_up->tensor());
+  backend_.linear(out, ws_->mlp_act->tensor(), layer.mlp_down);
+}
+
+Tensor DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
+  const DFlashConfig& c = config_;
+  const int B = c.block_size;
+  if (bonus < 0 || bonus >= c.vocab_size)
+    fail("draft: bonus token {} outside the vocabulary [0, {})", bonus, c.vocab_size);
+  if (window < 0) fail("draft: window {} must be >= 0", window);
+  Workspace& ws = *ws_;
+  const int start = state.n_context;
+  const int keys = start + B;
+  const bool windowed = window > 0 && keys > window;
+  const auto block = static_cast<size_t>(B);
+  std::vector<int32_t> ids(block, c.mask_token_id), positions(block), begin(block), end(block);
+  ids[0] = bonus;
+  for (int j = 0; j < B; ++j) {
+    const int p = start + j;
+    positions[size_t(j)] = p;
+    begin[size_t(j)] = windowed ? std::max(0, p - (window - 1)) : 0;
+    end[size_t(j)] = windowed ? std::min(keys, p + window) : keys;
+  }
+  backend_.write(ws.ids->tensor(), ids.data());
+  backend_.write(ws.positions->tensor(), positions.data());
+  backend_.write(ws.key_begin->tensor(), begin.data());
+  backend_.write(ws.key_end->tensor(), end.data());
+
+  const Tensor h = ws.h->tensor(), normed = ws.normed->tensor(), pos = ws.positions->tensor();
+  const Tensor q = ws.q->tensor(), k = ws.k->tensor(), v = ws.v->tensor(), attn = ws.attn->tensor();
+  const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  backend_.embed(h, target_.embed, ws.ids->tensor());
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const DFlashLayer& layer = weights_.layers[i];
+    const DFlashState::Layer& cache = state.layers[i];
+    backend_.rmsnorm(normed, h, layer.input_norm, c.rms_norm_eps, false);
+    backend_.linear(q, normed, layer.q_proj);
+    backend_.linear(k, normed, layer.k_proj);
+    backend_.linear(v, normed, layer.v_proj);
+    backend_.rmsnorm(q, q, layer.q_norm, c.rms_norm_eps, false);
+    backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, false);
+    backend_.rope(q, pos, c.head_dim, c.head_dim, c.rope_theta);
+    backend_.rope(k, pos, c.head_dim, c.head_dim, c.rope_theta);
+    // The block's K/V go after the context (rows start..start+B-1); the next context overwrites them.
+    backend_.kv_store(cache.k_cache->tensor(), k, pos);
+    backend_.kv_store(cache.v_cache->tensor(), v, pos);
+    backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(),
+                                ws.key_begin->tensor(), ws.key_end->tensor(), shape);
+    backend_.linear(ws.mixer_out->tensor(), attn, layer.o_proj);
+    backend_.add(h, h, ws.mixer_out->tensor());
+    backend_.rmsnorm(normed, h, layer.post_attention_norm, c.rms_norm_eps, false);
+    mlp(layer, normed, ws.mlp_out->tensor());
+    backend_.add(h, h, ws.mlp_out->tensor());
+  }
+  // Slot j (1..B-1) predicts the token at position start + j; slot 0 (the bonus) predicts nothing.
+  const Tensor slots = normed.rows_view(1, B - 1);
+  backend_.rmsnorm(slots, h.rows_view(1, B - 1), weights_.final_norm, c.rms_norm_eps, false);
+  backend_.linear(ws.logits->tensor(), slots, target_.lm_head);
+  return ws.logits->tensor();
+}
+
+}  // namespace qspec

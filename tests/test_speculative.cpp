@@ -1,0 +1,144 @@
+// The speculative loop on every fixture target: greedy output equals plain greedy output token for token
+// (with oracle drafts that force every acceptance length 0..15, and with a random drafter with and without
+// its sliding window), stop ids / max_tokens / a stopping callback inside an accepted block end generation
+// exactly where plain generation ends it, with the same state.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <vector>
+
+#include "engine/generator.h"
+#include "engine/loaded_model.h"
+#include "engine/speculative.h"
+#include "io/safetensors.h"
+#include "speculative_testing.h"
+#include "temp_dir.h"
+
+namespace qspec {
+namespace {
+
+using speculative_testing::state_contents;
+
+std::vector<int32_t> random_prompt(int length, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t& t : prompt) t = id(rng);
+  return prompt;
+}
+
+class SpeculativeLossless : public testing::TestWithParam<std::filesystem::path> {
+ protected:
+  void SetUp() override {
+    loaded_ = LoadedModel::open(GetParam().string(), "cpu");
+    prompt_ = random_prompt(9, model().config().vocab_size, 3);
+  }
+  Qwen35Model& model() { return *loaded_.model; }
+
+  GenerationOptions greedy(int max_tokens) const {
+    GenerationOptions options;
+    options.max_tokens = max_tokens;
+    options.ignore_eos = true;
+    return options;
+  }
+
+  std::vector<int32_t> plain(const GenerationOptions& options) {
+    auto state = model().new_state(int(prompt_.size()) + options.max_tokens);
+    return generate(model(), *state, prompt_, options).tokens;
+  }
+
+  LoadedModel loaded_;
+  std::vector<int32_t> prompt_;
+};
+
+// Oracle drafts = the plain output with one wrong token placed so that step k accepts exactly k drafts
+// (k = 0..15), then a few steps of full acceptance at the end.
+TEST_P(SpeculativeLossless, OracleDraftsForcingEveryAcceptanceLength) {
+  const int vocab = model().config().vocab_size;
+  std::vector<int> lengths(16);
+  for (int k = 0; k < 16; ++k) lengths[size_t(k)] = k;
+  int total = 1;  // the prefill's token
+  for (int a : lengths) total += a + 1;
+  const GenerationOptions options = greedy(total);
+  const std::vector<int32_t> expected = plain(options);
+  std::vector<int32_t> oracle = expected;
+  for (int emitted = 1, step = 0; step < 16; ++step) {
+    const int a = lengths[size_t(step)];
+    if (a < 15) oracle[size_t(emitted + a)] = (expected[size_t(emitted + a)] + 1) % vocab;
+    emitted += a + 1;
+  }
+  SpeculativeOptions spec;
+  spec.oracle_drafts = oracle;
+  auto state = model().new_state(int(prompt_.size()) + options.max_tokens);
+  const GenerationResult result = generate_speculative(model(), *state, nullptr, prompt_, options, spec);
+  EXPECT_EQ(result.tokens, expected);
+  std::vector<int> accepted;
+  for (const SpeculativeStep& step : result.steps) accepted.push_back(step.accepted);
+  EXPECT_EQ(accepted, lengths);
+  EXPECT_EQ(result.accepted_tokens, 15 * 16 / 2);
+}
+
+// A random drafter (it rarely guesses right; every step still verifies 15 drafts), with and without a window
+// smaller than the context.
+TEST_P(SpeculativeLossless, RandomDrafter) {
+  testing_support::TempDir dir;
+  write_synthetic_drafter(dir.str(), speculative_testing::drafter_config_for(model().config()), 5);
+  TensorStore store = TensorStore::open_dir(dir.str());
+  DFlashModel drafter(DFlashConfig::load(dir.str()), store, model(), GetParam().string());
+  const GenerationOptions options = greedy(40);
+  const std::vector<int32_t> expected = plain(options);
+  for (int window : {0, 12}) {
+    SCOPED_TRACE(testing::Message() << "window " << window);
+    auto state = model().new_state(int(prompt_.size()) + options.max_tokens);
+    auto draft_state = drafter.new_state(state->max_context);
+    const Drafter pair{drafter, *draft_state};
+    SpeculativeOptions spec;
+    spec.draft_window = window;
+    const GenerationResult result = generate_speculative(model(), *state, &pair, prompt_, options, spec);
+    EXPECT_EQ(result.tokens, expected);
+    EXPECT_EQ(draft_state->n_context, state->n_past);
+    for (const SpeculativeStep& step : result.steps) EXPECT_LE(step.drafts.size(), 15u);
+    EXPECT_EQ(result.steps.front().drafts.size(), 15u);
+  }
+}
+
+// Stop ids, max_tokens and a callback that stops, each inside a fully accepted block: the output and the
+// state (n_past, every buffer) equal plain generation's.
+TEST_P(SpeculativeLossless, EndsInsideAnAcceptedBlockWhereGenerateEnds) {
+  const std::vector<int32_t> full = plain(greedy(40));
+  SpeculativeOptions spec;
+  spec.oracle_drafts = full;
+  struct Case {
+    const char* name;
+    GenerationOptions options;
+    int stop_after = 0;  // the callback returns false at this token (0: never)
+  };
+  GenerationOptions with_stop = greedy(40);
+  with_stop.stop_ids = {full[21]};
+  std::vector<Case> cases = {{"stop id", with_stop}, {"max_tokens", greedy(23)}, {"callback", greedy(40), 7}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    int seen = 0;
+    const TokenCallback callback = [&](int32_t) { return ++seen != c.stop_after; };
+    auto plain_state = model().new_state(int(prompt_.size()) + 40);
+    const GenerationResult want = generate(model(), *plain_state, prompt_, c.options, callback);
+    seen = 0;
+    auto state = model().new_state(int(prompt_.size()) + 40);
+    const GenerationResult got =
+        generate_speculative(model(), *state, nullptr, prompt_, c.options, spec, callback);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.finish_reason, want.finish_reason);
+    EXPECT_EQ(state->n_past, plain_state->n_past);
+    EXPECT_EQ(state_contents(*loaded_.backend, *state), state_contents(*loaded_.backend, *plain_state));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeLossless,
+                         testing::ValuesIn(speculative_testing::target_fixture_dirs()),
+                         [](const testing::TestParamInfo<std::filesystem::path>& param) {
+                           return speculative_testing::fixture_test_name(param.param);
+                         });
+
+}  // namespace
+}  // namespace qspec
