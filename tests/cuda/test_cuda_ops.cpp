@@ -25,7 +25,8 @@ constexpr double kExact = 0.0;
 constexpr double kElementwiseTolerance = 1e-6;
 // Sums in fp32 over up to a few thousand terms in another order: relative differences ~1e-7 * sqrt(n).
 constexpr double kReductionTolerance = 1e-5;
-// Dot products over K up to 9216 in another order (warp-strided partial sums vs 8 interleaved sums).
+// Dot products over K up to 9216 in another order (warp-strided partial sums vs 8 interleaved sums; the
+// tensor-core path also splits x into two BF16 parts, leaving ~2^-17 of each value out).
 constexpr double kLinearTolerance = 5e-5;
 // The recurrence over up to 65 tokens, summation order differing per token, against the CPU recurrence.
 constexpr double kRecurrentGdnTolerance = 5e-5;
@@ -199,6 +200,7 @@ TEST(CudaOps, LinearDense) {
       {DType::F32, 1024, 2560, {1, 16}},       // k_proj in F32
       {DType::BF16, 1000, 2568, {3}},          // K a multiple of 8, not of 256
       {DType::BF16, 333, 2561, {1, 3}},        // odd K: the element-wise path
+      {DType::BF16, 4000, 2560, {1, 9, 64}},   // tensor cores: the head's shape, fewer rows
   };
   for (const Case& c : cases) {
     const WeightPair weight = b.weight(c.dtype, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
@@ -236,6 +238,8 @@ TEST(CudaOps, LinearW4A16) {
       {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
       {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
       {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
+      {2560, 9216, 32, DType::BF16, {8, 9, 64}},  // tensor cores: one and two row halves, 4 passes, split K
+      {1000, 4096, 128, DType::F16, {2, 17}},     // features not a multiple of the 16-feature tile
   };
   for (const Case& c : cases) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
@@ -252,6 +256,32 @@ TEST(CudaOps, LinearW4A16) {
     const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
     check_linear(fmt::format("linear W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)), cpu_weight,
                  gpu_weight, c.rows, rng);
+  }
+}
+
+// Speculative decoding needs a row's result not to depend on the other rows of the call: the verify step's
+// rows must equal the decode steps' exactly. The tensor-core linear, 16 rows at once vs each row alone, for
+// W4A16 with split K and for BF16.
+TEST(CudaOps, LinearRowsIndependentOfBatch) {
+  std::mt19937 rng(61);
+  auto& b = backends();
+  const int64_t n = 2560, k = 9216, rows = 16;
+  std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
+  for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
+  const WeightPair packed = b.weight(DType::I32, n, k / 8, std::move(packed_bytes));
+  const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
+  const WeightPair dense = b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f));
+  const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32};
+  const LinearWeight bf16{n, k, dense.gpu, {}, {}, 0};
+  const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
+  for (const LinearWeight* w : {&quantized, &bf16}) {
+    TensorPair together = b.poisoned(rows, n), alone = b.poisoned(rows, n);
+    b.gpu().linear(together.gpu(), x.gpu(), *w);
+    for (int64_t r = 0; r < rows; ++r) b.gpu().linear(alone.gpu().rows_view(r, 1), x.gpu().rows_view(r, 1), *w);
+    const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
+    expect_close("linear", fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}",
+                                       w->quantized() ? "W4A16 g32" : "BF16", n, k),
+                 batch, single, kExact);
   }
 }
 

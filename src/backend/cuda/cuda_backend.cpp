@@ -139,6 +139,11 @@ class CudaBackend final : public Backend {
 
   void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) override {
     check_linear_args(out, x, w);
+    if (linear_mma_supports(x, w.weight, w.packed, w.group_size)) {
+      check_cuda(launch_linear_mma(out, x, w, linear_mma_workspace(x.rows, w), stream()),
+                 "linear (tensor cores)");
+      return;
+    }
     if (w.quantized())
       check_cuda(launch_w4a16_linear(out, x, w.packed, w.scales, w.group_size, stream()), "linear (W4A16)");
     else
@@ -242,11 +247,26 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream() const { return stream_->get(); }
 
+  // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
+  // recorded. New counters start at zero; the kernel leaves them at zero.
+  LinearMmaWorkspace linear_mma_workspace(int64_t rows, const LinearWeight& w) {
+    const LinearMmaWorkspaceSize size = linear_mma_workspace_size(rows, w.out_features, w.in_features);
+    if (size.partial_floats * sizeof(float) > linear_partials_.bytes())
+      linear_partials_ = DeviceMemory(size.partial_floats * sizeof(float));
+    if (size.counters * sizeof(unsigned) > linear_counters_.bytes()) {
+      linear_counters_ = DeviceMemory(size.counters * sizeof(unsigned));
+      check_cuda(cudaMemset(linear_counters_.data(), 0, linear_counters_.bytes()), "linear counters");
+    }
+    return {static_cast<float*>(linear_partials_.data()), static_cast<unsigned*>(linear_counters_.data())};
+  }
+
   std::string device_name_;
   int max_shared_bytes_ = 0;
   std::unique_ptr<CudaStream> stream_;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
   DeviceMemory attention_workspace_;   // partial results of attention's key splits
+  DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
+  DeviceMemory linear_counters_;       // its per-tile arrival counters
 };
 
 }  // namespace
