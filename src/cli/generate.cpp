@@ -17,6 +17,7 @@
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/model_tokenizer.h"
+#include "engine/speculative.h"
 #include "tokenizer/chat_template.h"
 
 namespace qspec::cli {
@@ -32,7 +33,22 @@ struct GenerateArgs {
   bool no_thinking = false;
   bool json = false;
   bool ignore_eos = false;
+  // Speculative decoding: a drafter and/or an oracle list of drafts.
+  std::string draft_model;
+  std::string draft_oracle;
+  SpeculativeOptions spec;
 };
+
+bool speculative(const GenerateArgs& args) {
+  return !args.draft_model.empty() || !args.draft_oracle.empty();
+}
+
+// Mean tokens emitted per speculative step (accepted drafts + the target's own token).
+double mean_acceptance_length(const GenerationResult& result) {
+  return result.steps.empty()
+             ? 0.0
+             : double(result.accepted_tokens + int64_t(result.steps.size())) / double(result.steps.size());
+}
 
 // The option whose prompt is text, which needs a tokenizer; empty for ids.
 const char* text_prompt_option(const GenerateArgs& args) {
@@ -52,6 +68,8 @@ std::vector<TokenId> prompt_of(const GenerateArgs& args, const std::optional<Cha
 void run_generate(const GenerateArgs& args) {
   const int prompts = !args.prompt_ids.empty() + !args.prompt_text.empty() + !args.chat_file.empty();
   if (prompts != 1) fail("generate: give exactly one of --prompt-ids, --prompt, --chat");
+  if (!speculative(args) && (args.spec.spec_tokens != 0 || args.spec.draft_window != 0))
+    fail("generate: --spec-tokens and --draft-window need --draft-model or --draft-oracle");
   // A bad messages file fails before the model is loaded.
   std::optional<ChatInput> chat;
   if (!args.chat_file.empty()) chat = read_chat_input(args.chat_file);
@@ -62,6 +80,15 @@ void run_generate(const GenerateArgs& args) {
   const std::vector<TokenId> prompt = prompt_of(args, chat, tokenizer);
   const int context = args.run.context > 0 ? args.run.context : int(prompt.size()) + args.run.max_tokens;
   auto state = loaded.model->new_state(context);
+  std::optional<LoadedDrafter> drafter;
+  std::unique_ptr<DFlashState> draft_state;
+  if (!args.draft_model.empty()) {
+    drafter = LoadedDrafter::open(args.draft_model, loaded, args.run.model_dir);
+    draft_state = drafter->model->new_state(context);
+  }
+  SpeculativeOptions spec = args.spec;
+  if (!args.draft_oracle.empty())
+    spec.oracle_drafts = read_draft_oracle(args.draft_oracle, config.vocab_size);
 
   GenerationOptions options;
   options.max_tokens = args.run.max_tokens;
@@ -80,7 +107,15 @@ void run_generate(const GenerateArgs& args) {
     std::fflush(stdout);
     return true;
   };
-  GenerationResult result = generate(*loaded.model, *state, prompt, options, print_token);
+  GenerationResult result;
+  if (speculative(args)) {
+    const std::optional<Drafter> pair =
+        drafter ? std::optional<Drafter>(Drafter{*drafter->model, *draft_state}) : std::nullopt;
+    result = generate_speculative(*loaded.model, *state, pair ? &*pair : nullptr, prompt, options, spec,
+                                  print_token);
+  } else {
+    result = generate(*loaded.model, *state, prompt, options, print_token);
+  }
   if (args.json) {
     nlohmann::json out = {
         {"model", args.run.model_dir},
@@ -96,6 +131,15 @@ void run_generate(const GenerateArgs& args) {
            result.decode_seconds > 0 ? double(result.tokens.size() - 1) / result.decode_seconds : 0.0}}},
     };
     if (tokenizer) out["text"] = generated_text(tokenizer->tokenizer, result.tokens);
+    if (speculative(args)) {
+      nlohmann::json steps = nlohmann::json::array();
+      for (const SpeculativeStep& step : result.steps)
+        steps.push_back({{"drafts", step.drafts}, {"accepted", step.accepted}});
+      out["steps"] = steps;
+      out["draft_tokens"] = result.draft_tokens;
+      out["accepted_tokens"] = result.accepted_tokens;
+      out["mean_acceptance_length"] = mean_acceptance_length(result);
+    }
     fmt::print("{}\n", out.dump());
   } else {
     if (stream) fmt::print("{}", stream->finish());
@@ -103,6 +147,10 @@ void run_generate(const GenerateArgs& args) {
     std::fflush(stdout);  // the text ends before the summary on stderr, also when stdout is a pipe
     fmt::print(stderr, "{} tokens, finish: {}, prefill {:.3f} s, decode {:.3f} s\n", result.tokens.size(),
                result.finish_reason, result.prefill_seconds, result.decode_seconds);
+    if (speculative(args))
+      fmt::print(stderr, "{} speculative steps, {} of {} drafts accepted, mean acceptance length {:.2f}\n",
+                 result.steps.size(), result.accepted_tokens, result.draft_tokens,
+                 mean_acceptance_length(result));
   }
 }
 
@@ -119,7 +167,20 @@ void register_generate(CLI::App& app) {
                   "template; generation also stops at <|im_end|>");
   cmd->add_flag("--no-thinking", args->no_thinking, "with --chat: render with enable_thinking false");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the model's EOS tokens");
-  cmd->add_flag("--json", args->json, "print one JSON object (with \"text\" when there is a tokenizer)");
+  cmd->add_flag(
+      "--json", args->json,
+      "print one JSON object (with \"text\" when there is a tokenizer, \"steps\" when speculative)");
+  cmd->add_option("--draft-model", args->draft_model, "DFlash drafter directory: speculative decoding");
+  cmd->add_option("--spec-tokens", args->spec.spec_tokens,
+                  "drafts per step (default: the drafter's block size - 1, or 15 with --draft-oracle alone)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--draft-window", args->spec.draft_window,
+                  "drafter sliding window: keys within W-1 positions, when context + block > W (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option(
+      "--draft-oracle", args->draft_oracle,
+      "FILE.json, an array of token ids that replaces the drafter: the drafts after output position i "
+      "are FILE[i..i+K-1]");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -27,4 +27,13 @@ LoadedModel LoadedModel::open(const std::string& dir, const std::string& backend
   return loaded;
 }
 
+LoadedDrafter LoadedDrafter::open(const std::string& dir, const LoadedModel& target,
+                                  const std::string& target_dir) {
+  LoadedDrafter loaded;
+  DFlashConfig config = DFlashConfig::load(dir);
+  loaded.store = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
+  loaded.model = std::make_unique<DFlashModel>(std::move(config), *loaded.store, *target.model, target_dir);
+  return loaded;
+}
+
 }  // namespace qspec

@@ -1,0 +1,90 @@
+// `qspec generate` with --draft-model / --draft-oracle end to end: the tokens of plain generation, the
+// "steps" of --json, and exit status 1 with a message naming the file or flag on bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "run_command.h"
+#include "temp_dir.h"
+
+namespace qspec {
+namespace {
+
+const std::string kTarget = std::string(QSPEC_FIXTURES_DIR) + "/qwen35/causal-tied-bf16";
+const std::string kDrafter = std::string(QSPEC_FIXTURES_DIR) + "/dflash/tied-bf16-drafter";
+const std::string kOtherDrafter = std::string(QSPEC_FIXTURES_DIR) + "/dflash/f32-tiny-windowed-drafter";
+
+testing_support::CommandResult generate(const std::string& flags) {
+  return testing_support::run_command(std::string(QSPEC_BINARY) + " generate --json --ignore-eos --model " +
+                                      kTarget + " --prompt-ids 3,1,4,1,5,9,2,6 -n 24 " + flags);
+}
+
+std::vector<int32_t> tokens_of(const testing_support::CommandResult& run) {
+  return nlohmann::json::parse(run.out).at("tokens").get<std::vector<int32_t>>();
+}
+
+TEST(SpeculativeCli, OracleAndDrafterGiveThePlainTokensAndRecordSteps) {
+  const testing_support::CommandResult plain = generate("");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::vector<int32_t> expected = tokens_of(plain);
+  EXPECT_FALSE(nlohmann::json::parse(plain.out).contains("steps"));
+
+  // The plain output with token 10 wrong: the first step accepts 9 drafts.
+  std::vector<int32_t> oracle = expected;
+  oracle[10] = (oracle[10] + 1) % 256;
+  testing_support::TempDir dir;
+  dir.write("oracle.json", nlohmann::json(oracle).dump());
+  const testing_support::CommandResult with_oracle =
+      generate("--draft-oracle " + (dir.path() / "oracle.json").string() + " --spec-tokens 12");
+  ASSERT_EQ(with_oracle.exit_code, 0) << with_oracle.err;
+  const nlohmann::json out = nlohmann::json::parse(with_oracle.out);
+  EXPECT_EQ(tokens_of(with_oracle), expected);
+  ASSERT_GE(out.at("steps").size(), 2u);
+  EXPECT_EQ(out["steps"][0]["accepted"], 9);
+  EXPECT_EQ(out["steps"][0]["drafts"].size(), 12u);
+  EXPECT_EQ(out["steps"][1]["accepted"], 12);
+  double tokens_per_step = 0;
+  for (const auto& step : out["steps"]) tokens_per_step += step["accepted"].get<double>() + 1;
+  EXPECT_DOUBLE_EQ(out["mean_acceptance_length"].get<double>(),
+                   tokens_per_step / double(out["steps"].size()));
+
+  const testing_support::CommandResult with_drafter =
+      generate("--draft-model " + kDrafter + " --draft-window 10");
+  ASSERT_EQ(with_drafter.exit_code, 0) << with_drafter.err;
+  EXPECT_EQ(tokens_of(with_drafter), expected);
+  EXPECT_EQ(nlohmann::json::parse(with_drafter.out).at("steps")[0]["drafts"].size(), 15u);
+}
+
+TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
+  testing_support::TempDir dir;
+  dir.write("not_json.json", "[1, 2");
+  dir.write("negative.json", "[1, -2]");
+  dir.write("too_large.json", "[1, 256]");
+  dir.write("object.json", "{\"drafts\": [1]}");
+  struct Case {
+    std::string flags;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"--draft-model " + kOtherDrafter, "hidden_size 32 differs from the target's 128"},
+      {"--draft-model " + kDrafter + " --spec-tokens 16", "--spec-tokens: 16 drafts do not fit"},
+      {"--draft-model " + dir.str(), "config.json"},
+      {"--draft-oracle " + (dir.path() / "not_json.json").string(), "invalid JSON"},
+      {"--draft-oracle " + (dir.path() / "negative.json").string(), "element 1 is -2"},
+      {"--draft-oracle " + (dir.path() / "too_large.json").string(), "element 1 is 256"},
+      {"--draft-oracle " + (dir.path() / "object.json").string(), "expected a JSON array of token ids"},
+      {"--draft-oracle " + (dir.path() / "missing.json").string(), "cannot open"},
+      {"--spec-tokens 4", "need --draft-model or --draft-oracle"},
+  };
+  for (const Case& c : cases) {
+    const testing_support::CommandResult run = generate(c.flags);
+    EXPECT_EQ(run.exit_code, 1) << c.flags << "\n" << run.err;
+    EXPECT_NE(run.err.find(c.message), std::string::npos) << c.flags << "\n" << run.err;
+  }
+}
+
+}  // namespace
+}  // namespace qspec
