@@ -116,6 +116,12 @@ nlohmann::json entry(const std::string& name, double bytes, double seconds) {
           {"fraction_of_4_16_TB_per_s", bandwidth / kMeasuredBandwidth}};
 }
 
+// A compute-bound op: time and TFLOP/s.
+nlohmann::json flop_entry(const std::string& name, double flop, double seconds) {
+  fmt::print("{:<58} {:>10.1f} us {:>8.1f} TFLOP/s\n", name, seconds * 1e6, flop / seconds / 1e12);
+  return {{"op", name}, {"flop", flop}, {"us", seconds * 1e6}, {"TFLOP_per_s", flop / seconds / 1e12}};
+}
+
 int run(const char* out_path) {
   int device = 0;
   cudaDeviceProp properties{};
@@ -175,26 +181,51 @@ int run(const char* out_path) {
     const double bytes = 2.0 * 32 * 128 * 128 * 4 + 4.0 * (8192 + 64 + 4096);
     results.push_back(entry("gated_delta_rule T=1 nv 32 dk=dv=128 (state r+w)", bytes, seconds));
   }
-  // Attention, a decode row and a 16-row verify block at the end of 4096 cached positions, 8 layers' caches
-  // in turn (32 MiB K+V each).
+  // Attention of Qwen3.5-4B (16 query heads, 4 KV heads of 256, F32 caches of 32k rows): a decode row and a
+  // 16-row verify block at the end of 4096 / 32768 cached positions, 8 layers' caches in turn (bytes: the K
+  // and V rows read once); prefill of 2048 / 8192 tokens from position 0 (causal FLOPs: 4 x heads x
+  // head_dim x sum over rows of the keys seen; the 8 layers of the model take 8x the time).
   {
-    constexpr int kLayers = 8, kContext = 4096;
+    constexpr int kLayers = 8;
+    constexpr int64_t kCacheRows = 32768;
     const AttentionShape shape{16, 4, 256, 1.0f / 16.0f};
     std::vector<Tensor> caches;
-    for (int i = 0; i < 2 * kLayers; ++i) caches.push_back(bench.activation(kContext, 1024, -1, 1));
+    for (int i = 0; i < 2 * kLayers; ++i) caches.push_back(bench.activation(kCacheRows, 1024, -1, 1));
     for (int rows : {1, 16}) {
-      const Tensor q = bench.activation(rows, 4096, -1, 1);
-      const Tensor out = bench.activation(rows, 4096, -1, 1);
-      std::vector<int32_t> last_positions(static_cast<size_t>(rows));
-      for (int r = 0; r < rows; ++r) last_positions[static_cast<size_t>(r)] = kContext - rows + r;
-      const Tensor positions = bench.indices(last_positions);
-      const double seconds = bench.time([&] {
-        for (int layer = 0; layer < kLayers; ++layer)
-          backend->attention(out, q, caches[2 * layer], caches[2 * layer + 1], positions, shape);
-      }) / kLayers;
-      const double bytes = 2.0 * kContext * 1024 * 4 + 8.0 * 4096 * rows;
-      results.push_back(
-          entry(fmt::format("attention T={} context {} heads 16/4/256", rows, kContext), bytes, seconds));
+      for (int context : {4096, 32768}) {
+        const Tensor q = bench.activation(rows, 4096, -1, 1);
+        const Tensor out = bench.activation(rows, 4096, -1, 1);
+        std::vector<int32_t> last_positions(static_cast<size_t>(rows));
+        for (int r = 0; r < rows; ++r) last_positions[static_cast<size_t>(r)] = context - rows + r;
+        const Tensor positions = bench.indices(last_positions);
+        const auto all_layers = [&] {
+          for (int layer = 0; layer < kLayers; ++layer)
+            backend->attention(out, q, caches[2 * layer], caches[2 * layer + 1], positions, shape);
+        };
+        const double bytes = 2.0 * context * 1024 * 4 + 8.0 * 4096 * rows;
+        const double seconds = bench.time(all_layers) / kLayers;
+        results.push_back(
+            entry(fmt::format("attention T={} context {} heads 16/4/256", rows, context), bytes, seconds));
+        // As a step sees it: the 8 layers' calls in one graph, without host launch costs.
+        const std::unique_ptr<StepGraph> graph = backend->capture(all_layers);
+        const double graph_seconds = bench.time([&] { graph->launch(); }) / kLayers;
+        results.push_back(
+            entry(fmt::format("attention T={} context {} heads 16/4/256 (graph)", rows, context), bytes,
+                  graph_seconds));
+      }
+    }
+    for (int tokens : {2048, 8192}) {
+      const Tensor q = bench.activation(tokens, 4096, -1, 1);
+      const Tensor out = bench.activation(tokens, 4096, -1, 1);
+      std::vector<int32_t> all_positions(static_cast<size_t>(tokens));
+      for (int t = 0; t < tokens; ++t) all_positions[static_cast<size_t>(t)] = t;
+      const Tensor positions = bench.indices(all_positions);
+      const double seconds =
+          bench.time([&] { backend->attention(out, q, caches[0], caches[1], positions, shape); });
+      const double flop = 4.0 * 16 * 256 * (static_cast<double>(tokens) * (tokens + 1) / 2);
+      results.push_back(flop_entry(
+          fmt::format("attention prefill T={} heads 16/4/256 (x8 layers: {:.1f} ms)", tokens, 8e3 * seconds),
+          flop, seconds));
     }
   }
 

@@ -5,6 +5,7 @@
 // |cpu|; each op states its tolerance and why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -376,41 +377,149 @@ TEST(CudaOps, KvStore) {
   }
 }
 
+// The CUDA attention takes FP32 kernels when the query rows of one KV head (tokens x grouped heads) number at
+// most 64 and rows are 16-byte aligned (decode, verify), else split-BF16 tensor cores (prefill).
+bool attention_on_fp32_cores(int tokens, int heads, int kv_heads, int head_dim, bool aligned) {
+  return aligned && head_dim % 4 == 0 && tokens * (heads / kv_heads) <= 64;
+}
+
+// FP32 kernels: softmax-weighted sums over up to 32k keys, online vs two-pass softmax, dot products in
+// another order.
+constexpr double kAttentionTolerance = 1e-5;
+// The CPU reference adds the weighted values of 32k keys one after another in FP32; there the two differ by
+// ~1.3e-5 (H200).
+constexpr double kAttentionLongContextTolerance = 5e-5;
+// Split-BF16 tensor cores: q, k, p and v are each hi + lo BF16 (x - hi - lo ~ 2^-17 x), products without
+// lo*lo, FP32 sums. A float64 simulation of this arithmetic on these data gives 6e-6..1.2e-5 (scores up to
+// ~11); the rest is margin.
+constexpr double kAttentionTensorCoreTolerance = 5e-5;
+
+struct AttentionCase {
+  int heads, kv_heads, head_dim;
+  int64_t cache_rows;
+  std::vector<int32_t> positions;  // one per query token
+  float query_range = 3.0f;
+  int64_t query_column_offset = 0;  // > 0: q is a view at this column of a wider tensor (rows misaligned)
+};
+
+// Runs one case on both backends (output poisoned first) and compares all rows.
+void check_attention(std::mt19937& rng, const AttentionCase& c, const std::string& what) {
+  auto& b = backends();
+  const auto tokens = static_cast<int64_t>(c.positions.size());
+  const int64_t kv_cols = int64_t{c.kv_heads} * c.head_dim, q_cols = int64_t{c.heads} * c.head_dim;
+  const TensorPair k =
+      b.activation(c.cache_rows, kv_cols, random_floats(rng, c.cache_rows * kv_cols, -1.0f, 1.0f));
+  const TensorPair v =
+      b.activation(c.cache_rows, kv_cols, random_floats(rng, c.cache_rows * kv_cols, -1.0f, 1.0f));
+  const int64_t q_width = q_cols + c.query_column_offset;
+  const TensorPair q =
+      b.activation(tokens, q_width, random_floats(rng, tokens * q_width, -c.query_range, c.query_range));
+  const TensorPair pos = b.indices(c.positions);
+  TensorPair out = b.poisoned(tokens, q_cols);
+  const AttentionShape shape{c.heads, c.kv_heads, c.head_dim,
+                             1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  on_both([&](const Side& s) {
+    s.backend.attention(s(out), s(q).cols_view(c.query_column_offset, q_cols), s(k), s(v), s(pos), shape);
+  });
+  const bool fp32 = attention_on_fp32_cores(static_cast<int>(tokens), c.heads, c.kv_heads, c.head_dim,
+                                            c.query_column_offset % 4 == 0);
+  compare("attention",
+          fmt::format("attention {} heads {}/{} dim {} T={} positions {}..{} cache {} ({})", what, c.heads,
+                      c.kv_heads, c.head_dim, tokens, c.positions.front(), c.positions.back(), c.cache_rows,
+                      fp32 ? "FP32" : "split-BF16 mma"),
+          out,
+          !fp32 ? kAttentionTensorCoreTolerance
+                : (*std::max_element(c.positions.begin(), c.positions.end()) >= 4096
+                       ? kAttentionLongContextTolerance
+                       : kAttentionTolerance));
+}
+
 TEST(CudaOps, Attention) {
   std::mt19937 rng(11);
-  auto& b = backends();
-  // Softmax-weighted sums over up to 1065 keys; online vs two-pass softmax, dot products in another order.
-  constexpr double kAttentionTolerance = 1e-5;
-  struct Case {
+  // Qwen3.5-4B: 16 query heads, 4 KV heads of 256.
+  // Decode: one token (4 query rows per KV head) at contexts 1, 63, 4096 and 32768.
+  for (int32_t context : {1, 63, 4096, 32768})
+    check_attention(rng, {16, 4, 256, 32768, {context - 1}}, "decode");
+  check_attention(rng, {16, 4, 256, 1100, {1099}}, "decode, cache rows not a multiple of any tile");
+  // Verify: 16 tokens (64 query rows) from contexts 40 and 4000.
+  check_attention(rng, {16, 4, 256, 4100, consecutive_positions(16, 40)}, "verify");
+  check_attention(rng, {16, 4, 256, 4100, consecutive_positions(16, 4000)}, "verify");
+  // Prefill from the start (63 and 65 tokens straddle a 64-row tile's 16 tokens; 2048; 3000), a chunk after
+  // 512 cached rows, and larger scores.
+  for (int tokens : {63, 65, 2048, 3000})
+    check_attention(rng, {16, 4, 256, 3000, consecutive_positions(tokens, 0)}, "prefill");
+  check_attention(rng, {16, 4, 256, 1024, consecutive_positions(300, 512)}, "prefill chunk after 512 rows");
+  check_attention(rng, {16, 4, 256, 600, consecutive_positions(100, 400), 8.0f}, "prefill, q in [-8, 8]");
+  // Positions out of order.
+  check_attention(rng, {16, 4, 256, 300, {7, 0, 250}}, "verify, positions out of order");
+  check_attention(rng, {16, 4, 256, 300, {7, 0, 250, 3, 100, 299, 17, 64, 5, 9, 11, 13, 15, 1, 2, 4, 280}},
+                  "prefill, positions out of order");
+  // A misaligned q view takes the tensor-core path even for one token.
+  check_attention(rng, {16, 4, 256, 500, {499}, 3.0f, 1}, "decode, q misaligned");
+  // The fixtures' shapes (head_dim 32 / 64; 2 or 4 query heads per KV head) and no grouping.
+  struct Shape {
     int heads, kv_heads, head_dim;
-    int tokens, first_position;
   };
-  const std::vector<Case> cases = {
-      {16, 4, 256, 1, 299},    // decode
-      {16, 4, 256, 16, 100},   // verify block
-      {16, 4, 256, 63, 0},     // prefill from the start
-      {16, 4, 256, 65, 1000},  // prefill at an offset
-      {16, 4, 256, 1, 1099},   // 1100 keys: not a multiple of the key groups
-      {4, 2, 64, 3, 5},        // the fixtures' shape
-      {8, 8, 128, 1, 0},       // one key, no grouping
+  for (const Shape& shape : {Shape{2, 1, 32}, Shape{4, 2, 64}, Shape{4, 1, 32}, Shape{8, 8, 128}})
+    for (int tokens : {1, 3, 16, 65, 200})
+      check_attention(rng,
+                      {shape.heads, shape.kv_heads, shape.head_dim, 512, consecutive_positions(tokens, 5)},
+                      "fixture shape");
+}
+
+// A position outside the cache gives a NaN output row (the CUDA backend cannot report it without a host
+// sync); the other rows are unaffected. The CPU backend refuses such positions, so its reference runs with
+// the bad position replaced by a valid one.
+TEST(CudaOps, AttentionBadPosition) {
+  std::mt19937 rng(15);
+  auto& b = backends();
+  constexpr int kHeads = 16, kKvHeads = 4, kDim = 256;
+  const AttentionShape shape{kHeads, kKvHeads, kDim, 1.0f / 16.0f};
+  struct Case {
+    int tokens;
+    int64_t cache_rows;
+    int32_t first_position;
   };
-  for (const Case& c : cases) {
-    const int64_t cache_rows = 1100;
-    const int64_t kv_cols = int64_t{c.kv_heads} * c.head_dim, q_cols = int64_t{c.heads} * c.head_dim;
-    const TensorPair k =
-        b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
-    const TensorPair v =
-        b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
-    const TensorPair q = b.activation(c.tokens, q_cols, random_floats(rng, c.tokens * q_cols, -3.0f, 3.0f));
-    const TensorPair pos = b.indices(consecutive_positions(c.tokens, c.first_position));
-    TensorPair out = b.poisoned(c.tokens, q_cols);
-    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim,
-                               1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-    on_both([&](const Side& s) { s.backend.attention(s(out), s(q), s(k), s(v), s(pos), shape); });
-    compare("attention",
-            fmt::format("attention heads {}/{} dim {} T={} positions from {}", c.heads, c.kv_heads,
-                        c.head_dim, c.tokens, c.first_position),
-            out, kAttentionTolerance);
+  // Decode (1 token), verify (3 tokens) and tensor-core (20, 1100 tokens) kernels, with key splits and
+  // (small caches, many rows) without.
+  for (const Case& c : {Case{1, 600, 500}, Case{3, 600, 500}, Case{20, 600, 500}, Case{1, 20, 10},
+                        Case{3, 40, 10}, Case{1100, 1200, 0}}) {
+    const int64_t kv_values = c.cache_rows * kKvHeads * kDim;
+    const TensorPair k = b.activation(c.cache_rows, kKvHeads * kDim, random_floats(rng, kv_values, -1, 1));
+    const TensorPair v = b.activation(c.cache_rows, kKvHeads * kDim, random_floats(rng, kv_values, -1, 1));
+    std::vector<int32_t> positions = consecutive_positions(c.tokens, c.first_position);
+    const size_t bad = positions.size() / 2;
+    positions[bad] = c.tokens == 3 ? -1 : static_cast<int32_t>(c.cache_rows);
+    std::vector<int32_t> valid_positions = positions;
+    valid_positions[bad] = 0;
+    const TensorPair q =
+        b.activation(c.tokens, kHeads * kDim, random_floats(rng, int64_t{c.tokens} * kHeads * kDim, -3, 3));
+    const TensorPair gpu_pos = b.indices(positions), cpu_pos = b.indices(valid_positions);
+    TensorPair out = b.poisoned(c.tokens, kHeads * kDim);
+    b.cpu().attention(out.cpu(), q.cpu(), k.cpu(), v.cpu(), cpu_pos.cpu(), shape);
+    b.gpu().attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), gpu_pos.gpu(), shape);
+    b.gpu().synchronize();
+    const std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
+    std::vector<float> gpu_valid, cpu_valid;
+    double not_nan_in_bad_row = 0;
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      if (i / (kHeads * kDim) == bad) {
+        if (!std::isnan(gpu[i])) ++not_nan_in_bad_row;
+      } else {
+        gpu_valid.push_back(gpu[i]);
+        cpu_valid.push_back(cpu[i]);
+      }
+    }
+    const std::string label =
+        fmt::format("attention T={} position {} of cache {}", c.tokens, positions[bad], c.cache_rows);
+    const double tolerance = attention_on_fp32_cores(c.tokens, kHeads, kKvHeads, kDim, true)
+                                 ? kAttentionTolerance
+                                 : kAttentionTensorCoreTolerance;
+    if (!gpu_valid.empty())
+      expect_close("attention", label + ": the other rows", gpu_valid, cpu_valid, tolerance);
+    recorded_checks().push_back(CheckResult{"attention", label + ": values of the bad row that are not NaN",
+                                            not_nan_in_bad_row, 0.0});
+    EXPECT_EQ(not_nan_in_bad_row, 0) << label;
   }
 }
 

@@ -194,13 +194,12 @@ class CudaBackend final : public Backend {
     if (shape.head_dim > kMaxAttentionHeadDim)
       fail("attention: head_dim {} is above the CUDA backend's {}", shape.head_dim, kMaxAttentionHeadDim);
     check_attention_widths(out, q, k_cache, v_cache, positions, shape);
-    const size_t workspace_bytes =
-        sizeof(float) * attention_workspace_floats(q.rows, shape.num_heads, shape.head_dim, k_cache.rows);
+    const size_t workspace_bytes = attention_workspace_bytes(out, q, k_cache, v_cache, shape.num_heads,
+                                                             shape.num_kv_heads, shape.head_dim);
     // Grows rarely (the first call of a larger shape); cudaFree of the old one waits for its users.
     if (workspace_bytes > attention_workspace_.bytes()) attention_workspace_ = DeviceMemory(workspace_bytes);
     check_cuda(launch_attention(out, q, k_cache, v_cache, positions, shape.num_heads, shape.num_kv_heads,
-                                shape.head_dim, shape.scale, static_cast<float*>(attention_workspace_.data()),
-                                stream()),
+                                shape.head_dim, shape.scale, attention_workspace_.data(), stream()),
                "attention");
   }
 
@@ -264,7 +263,7 @@ class CudaBackend final : public Backend {
   int max_shared_bytes_ = 0;
   std::unique_ptr<CudaStream> stream_;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
-  DeviceMemory attention_workspace_;   // partial results of attention's key splits
+  DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters
 };

@@ -60,17 +60,21 @@ struct RopeFrequencies {
 cudaError_t launch_rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim,
                         const RopeFrequencies& frequencies, cudaStream_t stream);
 
-// attention.cu: online softmax in fp32, the keys of each (query row, head) split over blocks when the rows
-// alone do not fill the GPU (flash-decoding). A position outside the cache gives NaN output rows. head_dim <=
-// kMaxAttentionHeadDim. `workspace` holds attention_workspace_floats(...) floats (none when that is 0).
+// attention.cu (+ attention_rows.cu, attention_prefill.cu): one block per (KV head, key split) serves all
+// query rows of the KV head (tokens x grouped heads); FP32 for up to 64 such rows (decode, verify),
+// split-BF16 tensor cores (~1e-5 relative to FP32) for more (prefill). A position outside the cache gives NaN
+// output rows. head_dim <= kMaxAttentionHeadDim. `workspace` holds attention_workspace_bytes(...) bytes
+// (256-byte aligned): split partials, and for prefill the K/V cache rows converted to BF16 hi/lo (as large as
+// the two caches).
 inline constexpr int kMaxAttentionHeadDim = 256;
-size_t attention_workspace_floats(int64_t rows, int num_heads, int head_dim, int64_t cache_rows);
+size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                 const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim);
 cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
-                             float scale, float* workspace, cudaStream_t stream);
+                             float scale, void* workspace, cudaStream_t stream);
 
-// windowed_attention.cu: query row t over cache rows [key_begin[t], key_end[t]); an empty range or one outside
-// the cache gives a NaN output row. head_dim <= kMaxAttentionHeadDim.
+// windowed_attention.cu: query row t over cache rows [key_begin[t], key_end[t]); an empty range or one
+// outside the cache gives a NaN output row. head_dim <= kMaxAttentionHeadDim.
 cudaError_t launch_windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                                       const Tensor& v_cache, const Tensor& key_begin, const Tensor& key_end,
                                       int num_heads, int num_kv_heads, int head_dim, float scale,

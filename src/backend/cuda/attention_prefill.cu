@@ -1,0 +1,387 @@
+// Attention of many query rows (prefill) on tensor cores, flash-attention style, with split BF16 so that the
+// result stays within ~1e-5 of the FP32 CPU op: every operand x is split into hi = bf16(x) and
+// lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x) and each product is hi*hi + hi*lo + lo*hi (mma.sync m16n8k16,
+// FP32 accumulation, sm_80+), for the scores Q K^T and for P V alike: 3 mmas where plain BF16 takes one.
+//
+// Three launches: the key count (max position + 1 over the rows), the conversion of K/V rows below it into
+// BF16 hi/lo planes in the workspace (zeros past head_dim and past the last key, so the last tile is
+// finite), and the attention kernel. A block of 4 warps takes 64 query rows of one KV head — the pairs
+// (token, grouped head), so 16 tokens x 4 heads share every K/V tile — and walks the keys in tiles of 16:
+// Q hi/lo stays in shared memory (64 KB at head_dim 256), K and V tiles (16 KB each) are copied with
+// cp.async (V while the scores are computed, the next K while P V is), read with ldmatrix from an
+// XOR-swizzled layout (conflict-free). A warp owns 16 rows: the scores' accumulators are reused as the P
+// operand of P V, the output accumulators (16 x 256 FP32) live in registers. 96 KB of shared memory: 2 blocks
+// per H100/H200 multiprocessor, 1 on sm_86/89 (99 KB). Causal: a block sees keys up to its rows' largest
+// position; the blocks with the most keys start first. With few blocks (short prompts) the keys are also
+// split.
+//
+// Prediction (H200, Qwen3.5-4B: 16 heads of 256, 8 layers): 2 x 3 x T^2/2 x 256 x 16 x 2 FLOP per layer;
+// at ~250-300 TFLOP/s of mma.sync BF16 that is ~3-4 ms for 2,048 tokens and ~45-55 ms for 8,192 (plain BF16
+// would be 3x faster but misses the whole-model tolerance).
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/attention_kernels.cuh"
+
+namespace qspec::cuda {
+
+namespace {
+
+constexpr int kWarps = kPrefillRows / 16;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kKeyTile = kPrefillKeyTile;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ inline uint32_t bf16_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// (first, second) -> hi pair and lo pair, first in the low half.
+__device__ inline void split_pair(float first, float second, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 high = __floats2bfloat162_rn(first, second);
+  const float2 rounded = __bfloat1622float2(high);
+  hi = bf16_bits(high);
+  lo = bf16_bits(__floats2bfloat162_rn(first - rounded.x, second - rounded.y));
+}
+
+// 8 floats -> 16 bytes of hi and 16 bytes of lo.
+__device__ inline void split_chunk(const float (&x)[8], uint4& hi, uint4& lo) {
+  split_pair(x[0], x[1], hi.x, lo.x);
+  split_pair(x[2], x[3], hi.y, lo.y);
+  split_pair(x[4], x[5], hi.z, lo.z);
+  split_pair(x[6], x[7], hi.w, lo.w);
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* shared) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* shared) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += (a_hi + a_lo)(b_hi + b_lo) without the lo*lo term; the small terms first.
+__device__ inline void mma_split(float (&c)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                 uint32_t b_hi0, uint32_t b_hi1, uint32_t b_lo0, uint32_t b_lo1) {
+  mma_bf16(c, a_hi, b_lo0, b_lo1);
+  mma_bf16(c, a_lo, b_hi0, b_hi1);
+  mma_bf16(c, a_hi, b_hi0, b_hi1);
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kDim] BF16 tile: chunks are XOR-swizzled
+// by the row's low 3 bits so the 8 rows of one ldmatrix matrix hit 8 different bank groups.
+template <int kDim>
+__device__ inline int swizzled(int row, int chunk) {
+  return row * kDim + ((chunk ^ (row & 7)) << 3);
+}
+
+__global__ void attention_key_count_kernel(AttentionArgs a, int* key_count) {
+  __shared__ int warp_max[32];
+  int most = 0;
+  for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
+    const auto keys = static_cast<int>(row_key_count(a, t));
+    most = keys > most ? keys : most;
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const int other = __shfl_xor_sync(0xffffffffu, most, offset);
+    most = other > most ? other : most;
+  }
+  if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = most;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w)
+      most = warp_max[w] > most ? warp_max[w] : most;
+    *key_count = most;
+  }
+}
+
+// Rows below the key count rounded up to a key tile; thread = one 8-dim chunk of one (row, KV head).
+__global__ void attention_split_kv_kernel(AttentionArgs a, SplitKvPlanes p) {
+  const int key_count = *p.key_count;
+  const int64_t rows = (int64_t{key_count} + kKeyTile - 1) / kKeyTile * kKeyTile;
+  const int chunks = p.padded_dim / 8;
+  const int64_t plane_elements = int64_t{a.num_kv_heads} * p.padded_rows * p.padded_dim;
+  const int64_t items = rows * a.num_kv_heads * chunks;
+  for (int64_t item = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; item < items;
+       item += int64_t{gridDim.x} * blockDim.x) {
+    const int chunk = static_cast<int>(item % chunks);
+    const int kv = static_cast<int>(item / chunks % a.num_kv_heads);
+    const int64_t row = item / chunks / a.num_kv_heads;
+    const int64_t offset = (kv * p.padded_rows + row) * p.padded_dim + chunk * 8;
+    for (int which = 0; which < 2; ++which) {
+      const float* source = (which == 0 ? a.k_cache + row * a.k_stride : a.v_cache + row * a.v_stride) +
+                            static_cast<int64_t>(kv) * a.head_dim;
+      float x[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int d = chunk * 8 + e;
+        x[e] = row < key_count && d < a.head_dim ? source[d] : 0.0f;
+      }
+      uint4 hi, lo;
+      split_chunk(x, hi, lo);
+      uint16_t* plane = p.planes + 2 * which * plane_elements;
+      *reinterpret_cast<uint4*>(plane + offset) = hi;
+      *reinterpret_cast<uint4*>(plane + plane_elements + offset) = lo;
+    }
+  }
+}
+
+template <int kDim>
+__global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a, SplitKvPlanes p) {
+  constexpr int kChunks = kDim / 8;
+  constexpr int kDimTiles = kDim / 8;
+  extern __shared__ uint4 shared_words[];
+  auto* const q_hi = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* const q_lo = q_hi + kPrefillRows * kDim;
+  uint16_t* const k_hi = q_lo + kPrefillRows * kDim;
+  uint16_t* const k_lo = k_hi + kKeyTile * kDim;
+  uint16_t* const v_hi = k_lo + kKeyTile * kDim;
+  uint16_t* const v_lo = v_hi + kKeyTile * kDim;
+  __shared__ int warp_keys[kWarps];
+
+  const int row_tiles = static_cast<int>((a.tokens * a.heads_per_kv + kPrefillRows - 1) / kPrefillRows);
+  const int kv = static_cast<int>(blockIdx.x % a.num_kv_heads);
+  const int row_tile = row_tiles - 1 - static_cast<int>(blockIdx.x / a.num_kv_heads);  // most keys first
+  const int split = static_cast<int>(blockIdx.y);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int group = lane / 4, pair = lane % 4;  // mma fragment coordinates
+  const int64_t rows = a.tokens * a.heads_per_kv;
+  const int64_t tile_first_row = int64_t{row_tile} * kPrefillRows;
+
+  // This thread's two rows (fragment rows group and group + 8 of the warp's 16).
+  int64_t row_keys[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = tile_first_row + warp * 16 + group + 8 * h;
+    row_keys[h] = row < rows ? row_key_count(a, row / a.heads_per_kv) : 0;
+  }
+  int most = static_cast<int>(row_keys[0] > row_keys[1] ? row_keys[0] : row_keys[1]);
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const int other = __shfl_xor_sync(0xffffffffu, most, offset);
+    most = other > most ? other : most;
+  }
+  if (lane == 0) warp_keys[warp] = most;
+
+  // Q tile, split and swizzled; rows past the last and dims past head_dim are zero.
+  for (int item = static_cast<int>(threadIdx.x); item < kPrefillRows * kChunks; item += kThreads) {
+    const int r = item / kChunks, chunk = item % kChunks;
+    const int64_t row = tile_first_row + r;
+    float x[8];
+    const float* query = nullptr;
+    if (row < rows)
+      query = a.q + row / a.heads_per_kv * a.q_stride +
+              static_cast<int64_t>(kv * a.heads_per_kv + row % a.heads_per_kv) * a.head_dim;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int d = chunk * 8 + e;
+      x[e] = query != nullptr && d < a.head_dim ? query[d] : 0.0f;
+    }
+    uint4 hi, lo;
+    split_chunk(x, hi, lo);
+    *reinterpret_cast<uint4*>(q_hi + swizzled<kDim>(r, chunk)) = hi;
+    *reinterpret_cast<uint4*>(q_lo + swizzled<kDim>(r, chunk)) = lo;
+  }
+  __syncthreads();
+  int block_keys = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) block_keys = warp_keys[w] > block_keys ? warp_keys[w] : block_keys;
+  const KeyRange range = split_key_range(block_keys, a.splits, split, kKeyTile);
+  const int64_t row_limit[2] = {row_keys[0] < range.end ? row_keys[0] : range.end,
+                                row_keys[1] < range.end ? row_keys[1] : range.end};
+
+  const int64_t plane_elements = int64_t{a.num_kv_heads} * p.padded_rows * kDim;
+  const uint16_t* const planes[4] = {p.planes, p.planes + plane_elements, p.planes + 2 * plane_elements,
+                                     p.planes + 3 * plane_elements};
+  auto load_tile = [&](int which, int64_t first_key) {  // which: 0 = K, 1 = V
+    uint16_t* hi = which == 0 ? k_hi : v_hi;
+    uint16_t* lo = which == 0 ? k_lo : v_lo;
+    const int64_t base = (kv * p.padded_rows + first_key) * kDim;
+    for (int item = static_cast<int>(threadIdx.x); item < kKeyTile * kChunks; item += kThreads) {
+      const int key = item / kChunks, chunk = item % kChunks;
+      const int64_t source = base + int64_t{key} * kDim + chunk * 8;
+      copy_async_16(hi + swizzled<kDim>(key, chunk), planes[2 * which] + source);
+      copy_async_16(lo + swizzled<kDim>(key, chunk), planes[2 * which + 1] + source);
+    }
+    commit_async();
+  };
+
+  float out[kDimTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDimTiles; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+  float running_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
+  float total[2] = {0.0f, 0.0f};                  // this thread's columns only until the end
+  const float scale_log2 = a.scale * kLog2e;
+
+  if (range.begin < range.end) load_tile(0, range.begin);
+  for (int64_t first_key = range.begin; first_key < range.end; first_key += kKeyTile) {
+    wait_async<0>();
+    __syncthreads();  // K ready; every warp is done with the previous V
+    load_tile(1, first_key);
+
+    // S = Q K^T: 16 rows x 16 keys per warp, as two n8 tiles.
+    float scores[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      uint32_t qh[4], ql[4], kh[4], kl[4];
+      const int q_offset = swizzled<kDim>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4));
+      ldmatrix_x4(qh, q_hi + q_offset);
+      ldmatrix_x4(ql, q_lo + q_offset);
+      const int k_offset = swizzled<kDim>((lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
+      ldmatrix_x4(kh, k_hi + k_offset);
+      ldmatrix_x4(kl, k_lo + k_offset);
+      mma_split(scores[0], qh, ql, kh[0], kh[1], kl[0], kl[1]);
+      mma_split(scores[1], qh, ql, kh[2], kh[3], kl[2], kl[3]);
+    }
+
+    // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int64_t key = first_key + 8 * n + 2 * pair + (e & 1);
+        if (key >= row_limit[h]) scores[n][e] = -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], scores[n][e]);
+      }
+    float correction[2], max_scaled[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float new_max = fmaxf(running_max[h], tile_max[h]);
+      const float reference = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: weights 0
+      max_scaled[h] = reference * scale_log2;
+      correction[h] = exp2f(running_max[h] * scale_log2 - max_scaled[h]);
+      running_max[h] = new_max;
+      total[h] *= correction[h];
+    }
+    uint32_t p_hi[4], p_lo[4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      float weight[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        weight[e] = exp2f(fmaf(scores[n][e], scale_log2, -max_scaled[e / 2]));
+        total[e / 2] += weight[e];
+      }
+      // A fragment of the P V mma (k = the 16 keys): registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15.
+      split_pair(weight[0], weight[1], p_hi[2 * n], p_lo[2 * n]);
+      split_pair(weight[2], weight[3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
+    }
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n) {
+      out[n][0] *= correction[0];
+      out[n][1] *= correction[0];
+      out[n][2] *= correction[1];
+      out[n][3] *= correction[1];
+    }
+
+    wait_async<0>();
+    __syncthreads();  // V ready; every warp is done with this K
+    if (first_key + kKeyTile < range.end) load_tile(0, first_key + kKeyTile);
+
+      // O += P V: per pair of n8 dim tiles, V^T fragments by transposing ldmatrix.
+#pragma unroll
+    for (int dp = 0; dp < kDim / 16; ++dp) {
+      uint32_t vh[4], vl[4];
+      const int v_offset = swizzled<kDim>((lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4));
+      ldmatrix_x4_trans(vh, v_hi + v_offset);
+      ldmatrix_x4_trans(vl, v_lo + v_offset);
+      mma_split(out[2 * dp], p_hi, p_lo, vh[0], vh[1], vl[0], vl[1]);
+      mma_split(out[2 * dp + 1], p_hi, p_lo, vh[2], vh[3], vl[2], vl[3]);
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    total[h] += __shfl_xor_sync(0xffffffffu, total[h], 1);
+    total[h] += __shfl_xor_sync(0xffffffffu, total[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = tile_first_row + warp * 16 + group + 8 * h;
+    if (row >= rows) continue;
+    const int64_t t = row / a.heads_per_kv;
+    const int head = kv * a.heads_per_kv + static_cast<int>(row % a.heads_per_kv);
+    if (a.splits == 1) {
+      // A valid row has key 0 in the only split, so total >= 1; an invalid one gets NaN.
+      const float inverse = row_keys[h] > 0 ? 1.0f / total[h] : NAN;
+      float* y = output_row(a, t, head);
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        const int d = 8 * n + 2 * pair;
+        if (d < a.head_dim) y[d] = out[n][2 * h] * inverse;
+        if (d + 1 < a.head_dim) y[d + 1] = out[n][2 * h + 1] * inverse;
+      }
+    } else {
+      float* partial = partial_row(a, t, head, split);
+      if (pair == 0) {
+        partial[0] = total[h] > 0.0f ? running_max[h] * a.scale : -INFINITY;
+        partial[1] = total[h];
+      }
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        const int d = 8 * n + 2 * pair;
+        if (d < a.head_dim) partial[2 + d] = out[n][2 * h];
+        if (d + 1 < a.head_dim) partial[2 + d + 1] = out[n][2 * h + 1];
+      }
+    }
+  }
+}
+
+template <int kDim>
+cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes& planes,
+                                  cudaStream_t stream) {
+  constexpr size_t shared_bytes = sizeof(uint16_t) * 2 * (kPrefillRows + 2 * kKeyTile) * kDim;
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(attention_prefill_kernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared_bytes));
+  if (attribute != cudaSuccess) return attribute;
+  const int64_t row_tiles = (args.tokens * args.heads_per_kv + kPrefillRows - 1) / kPrefillRows;
+  const dim3 grid(static_cast<unsigned>(row_tiles * args.num_kv_heads), static_cast<unsigned>(args.splits));
+  attention_prefill_kernel<kDim><<<grid, kThreads, shared_bytes, stream>>>(args, planes);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPlanes& planes,
+                                     cudaStream_t stream) {
+  attention_key_count_kernel<<<1, 1024, 0, stream>>>(args, planes.key_count);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  constexpr int kConvertBlock = 256;
+  const int64_t items = planes.padded_rows * args.num_kv_heads * (planes.padded_dim / 8);
+  const int64_t blocks = (items + kConvertBlock - 1) / kConvertBlock;
+  constexpr int64_t kMaxConvertBlocks = 8 * 132;  // grid-stride beyond: a few waves of the largest GPU
+  attention_split_kv_kernel<<<static_cast<unsigned>(blocks < kMaxConvertBlocks ? blocks : kMaxConvertBlocks),
+                              kConvertBlock, 0, stream>>>(args, planes);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  switch (planes.padded_dim) {
+    case 64:
+      return launch_prefill_kernel<64>(args, planes, stream);
+    case 128:
+      return launch_prefill_kernel<128>(args, planes, stream);
+    case 256:
+      return launch_prefill_kernel<256>(args, planes, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace qspec::cuda
