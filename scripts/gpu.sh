@@ -3,8 +3,9 @@
 #
 # The chosen way (docs/gpu-workflow.md): build HERE on Debian 12 with nvcc 13 (CUDA runtime linked statically,
 # arch sm_90), gather the GPU programs and the few shared libraries the GPU machine's image lacks (fmt,
-# utf8proc, pcre2) into build-cuda/gpu-bundle, and carry that folder with the device call; the programs run
-# there with LD_LIBRARY_PATH=bundle. Nothing is compiled on the GPU machine (its image has no -dev packages).
+# utf8proc, pcre2, cpp-httplib, brotli) into build-cuda/gpu-bundle, and carry that folder with the device
+# call; the programs run there with LD_LIBRARY_PATH=bundle. Nothing is compiled on the GPU machine (its
+# image has no -dev packages).
 #
 #   scripts/gpu.sh pack            here: configure + build build-cuda (-j2), fill build-cuda/gpu-bundle
 #   scripts/gpu.sh run             on the GPU machine (device `run`, carry ["build-cuda/gpu-bundle"]):
@@ -21,9 +22,9 @@ pack() {
   cmake --build "$BUILD" -j2 --target qspec qspec_cuda_tests qspec_cuda_bench
   rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
   cp "$BUILD/qspec" "$BUILD/tests/cuda/qspec_cuda_tests" "$BUILD/tests/cuda/qspec_cuda_bench" "$BUNDLE/"
-  # Shared libraries of the Debian build that the GPU machine's image does not have.
+  # Shared libraries of the Debian build that the GPU machine's image does not have (cuBLAS it has).
   for program in "$BUNDLE/qspec" "$BUNDLE/qspec_cuda_tests" "$BUNDLE/qspec_cuda_bench"; do
-    ldd "$program" | awk '/libfmt|libutf8proc|libpcre2/ {print $3}' | xargs -r -I{} cp -L {} "$BUNDLE/"
+    ldd "$program" | awk '/libfmt|libutf8proc|libpcre2|libcpp-httplib|libbrotli/ {print $3}' | xargs -r -I{} cp -L {} "$BUNDLE/"
   done
   local commit
   commit=$(git rev-parse --short HEAD)

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/launchers.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/qwen35.h"
@@ -30,6 +31,12 @@ namespace fs = std::filesystem;
 constexpr double kLogitTolerance = 2e-4;
 // A greedy token may differ only where the CPU's top-1 / top-2 logit margin is below this.
 constexpr float kGreedyMargin = 1e-3f;
+// Prompts of more than kLinearMmaMaxRows tokens take the BF16 matrix product (x and dequantized weights
+// rounded to BF16, ~2e-3 of the largest output per linear); the small random fixture models amplify that to
+// 5-7e-2 of the largest logit over their 4-6 layers (seen on the H200). From there on logits are held to
+// this, and greedy tokens to the margin rule, which is the check that matters.
+constexpr double kBf16PrefillLogitTolerance = 1e-1;
+constexpr float kBf16PrefillGreedyMargin = 1e-2f;
 constexpr int kDecodeSteps = 16;
 constexpr int kMaxContext = 512;
 
@@ -87,7 +94,10 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
     const std::vector<float> gpu_prefill =
         read_logits(*gpu_backend, gpu_model.forward(*gpu_state, prompt, prefill).logits);
     const std::string label = fmt::format("e2e {} prompt {}", GetParam(), prompt_length);
-    expect_close("e2e", label + " prefill logits (all rows)", gpu_prefill, cpu_prefill, kLogitTolerance);
+    const bool bf16_prefill = prompt_length > cuda::kLinearMmaMaxRows;
+    const double tolerance = bf16_prefill ? kBf16PrefillLogitTolerance : kLogitTolerance;
+    const float greedy_margin = bf16_prefill ? kBf16PrefillGreedyMargin : kGreedyMargin;
+    expect_close("e2e", label + " prefill logits (all rows)", gpu_prefill, cpu_prefill, tolerance);
 
     // Greedy decode, both fed the CPU's token; tokens must agree wherever the CPU's choice is clear.
     const auto vocab = static_cast<size_t>(config.vocab_size);
@@ -98,7 +108,7 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
     for (int step = 0; step < kDecodeSteps; ++step) {
       const auto [cpu_token, margin] = top_token(cpu_row);
       const int32_t gpu_token = top_token(gpu_row).first;
-      if (margin >= kGreedyMargin) {
+      if (margin >= greedy_margin) {
         ++compared;
         if (gpu_token != cpu_token) ++differing;
       }
@@ -109,10 +119,10 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
       gpu_steps.insert(gpu_steps.end(), gpu_row.begin(), gpu_row.end());
     }
     expect_close("e2e", fmt::format("{} decode logits ({} steps)", label, kDecodeSteps), gpu_steps, cpu_steps,
-                 kLogitTolerance);
+                 tolerance);
     recorded_checks().push_back(CheckResult{
         "e2e",
-        fmt::format("{} greedy tokens differing (of {} with margin >= {})", label, compared, kGreedyMargin),
+        fmt::format("{} greedy tokens differing (of {} with margin >= {})", label, compared, greedy_margin),
         static_cast<double>(differing), 0.0});
     EXPECT_EQ(differing, 0) << label << ": " << differing << " of " << compared << " greedy tokens differ";
     EXPECT_GT(compared, kDecodeSteps / 2) << label << ": too few clear greedy choices to compare";

@@ -29,6 +29,9 @@ constexpr double kReductionTolerance = 1e-5;
 // Dot products over K up to 9216 in another order (warp-strided partial sums vs 8 interleaved sums; the
 // tensor-core path also splits x into two BF16 parts, leaving ~2^-17 of each value out).
 constexpr double kLinearTolerance = 5e-5;
+// More than kLinearMmaMaxRows rows of x with BF16 or W4A16 weights: one cuBLAS BF16 product, x and the
+// dequantized weights rounded to BF16 (8 significant bits): ~2^-9 relative per term.
+constexpr double kGemmLinearTolerance = 1e-2;
 // The recurrence over up to 65 tokens, summation order differing per token, against the CPU recurrence.
 constexpr double kRecurrentGdnTolerance = 5e-5;
 // Against the CPU op, which uses HF's chunked algorithm for T > 1 (the same math in another form).
@@ -182,7 +185,10 @@ void check_linear(const std::string& label, const LinearWeight& cpu_weight, cons
     const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
     TensorPair out = b.poisoned(rows, n);
     on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
-    compare("linear", fmt::format("{} M={} N={} K={}", label, rows, n, k), out, kLinearTolerance);
+    const bool gemm = rows > cuda::kLinearMmaMaxRows &&
+                      (cpu_weight.quantized() || cpu_weight.weight.dtype == DType::BF16);
+    compare("linear", fmt::format("{} M={} N={} K={}", label, rows, n, k), out,
+            gemm ? kGemmLinearTolerance : kLinearTolerance);
   }
 }
 
@@ -201,7 +207,8 @@ TEST(CudaOps, LinearDense) {
       {DType::F32, 1024, 2560, {1, 16}},       // k_proj in F32
       {DType::BF16, 1000, 2568, {3}},          // K a multiple of 8, not of 256
       {DType::BF16, 333, 2561, {1, 3}},        // odd K: the element-wise path
-      {DType::BF16, 4000, 2560, {1, 9, 64}},   // tensor cores: the head's shape, fewer rows
+      {DType::BF16, 4000, 2560, {1, 9, 64, 2048}},  // tensor cores: the head's shape, fewer rows; cuBLAS
+      {DType::F16, 512, 2560, {200}},               // many rows, F16: the general kernel
   };
   for (const Case& c : cases) {
     const WeightPair weight = b.weight(c.dtype, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
@@ -239,8 +246,8 @@ TEST(CudaOps, LinearW4A16) {
       {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
       {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
       {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
-      {2560, 9216, 32, DType::BF16, {8, 9, 64}},  // tensor cores: one and two row halves, 4 passes, split K
-      {1000, 4096, 128, DType::F16, {2, 17}},     // features not a multiple of the 16-feature tile
+      {2560, 9216, 32, DType::BF16, {8, 9, 64, 300}},  // tensor cores: row halves, passes, split K; cuBLAS
+      {1000, 4096, 128, DType::F16, {2, 17, 129}},  // features not a multiple of the 16-feature tile
   };
   for (const Case& c : cases) {
     const int64_t groups = (c.k + c.group - 1) / c.group;

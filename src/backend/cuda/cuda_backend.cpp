@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/device_resources.h"
+#include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
@@ -144,6 +145,11 @@ class CudaBackend final : public Backend {
                  "linear (tensor cores)");
       return;
     }
+    if (x.rows > kLinearMmaMaxRows && GemmLinear::supports(w)) {
+      if (!gemm_) gemm_ = std::make_unique<GemmLinear>();
+      gemm_->run(out, x, w, stream());
+      return;
+    }
     if (w.quantized())
       check_cuda(launch_w4a16_linear(out, x, w.packed, w.scales, w.group_size, stream()), "linear (W4A16)");
     else
@@ -266,6 +272,7 @@ class CudaBackend final : public Backend {
   DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters
+  std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
 };
 
 }  // namespace

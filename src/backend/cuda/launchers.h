@@ -31,7 +31,7 @@ cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor
 // multiples of 32) or BF16 weights, x exact to ~2^-16 (split into two BF16 parts). K may be split over
 // blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
 // leaves them zero).
-inline constexpr int64_t kLinearMmaMaxRows = 64;
+inline constexpr int64_t kLinearMmaMaxRows = 128;  // more rows: gemm_linear.h
 struct LinearMmaWorkspace {
   float* partials = nullptr;
   unsigned* counters = nullptr;
@@ -44,6 +44,12 @@ bool linear_mma_supports(const Tensor& x, const Tensor& weight, const Tensor& pa
 LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features);
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream);
+
+// linear_gemm.cu: the BF16 operands of the many-row linear (gemm_linear.h). out holds x.rows * x.cols BF16
+// values (contiguous); the dequantized slice holds rows * in_features.
+cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, cudaStream_t stream);
+cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,
+                                    cudaStream_t stream);
 
 // elementwise.cu
 enum class Elementwise { Add, SiluMul, SigmoidMul };

@@ -1,0 +1,75 @@
+#include "backend/cuda/gemm_linear.h"
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+#include "core/error.h"
+
+namespace qspec::cuda {
+
+namespace {
+
+// W4A16 weights are dequantized this many elements at a time (64 MiB of BF16).
+constexpr int64_t kSliceElements = int64_t{32} << 20;
+// cuBLAS's own workspace, fixed so that recorded step graphs never see it reallocated.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kBf16Bytes = 2;
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) fail("cuBLAS: {}: {}", what, cublasGetStatusString(status));
+}
+
+// Row-major out [M, N] = x [M, K] W^T is column-major out^T [N, M] = W^T^T x^T: W is stored as a column-major
+// K x N matrix (transposed by cuBLAS) and x as K x M.
+void bf16_gemm(cublasHandle_t handle, const Tensor& out, const void* x_bf16, const void* weight,
+               int64_t weight_stride, int64_t k) {
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out.cols),
+                            static_cast<int>(out.rows), static_cast<int>(k), &one, weight, CUDA_R_16BF,
+                            static_cast<int>(weight_stride), x_bf16, CUDA_R_16BF, static_cast<int>(k), &zero,
+                            out.data, CUDA_R_32F, static_cast<int>(out.rows <= 1 ? out.cols : out.stride),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+}  // namespace
+
+GemmLinear::GemmLinear() : cublas_workspace_(kCublasWorkspaceBytes) {
+  check_cublas(cublasCreate(&handle_), "cublasCreate");
+}
+
+GemmLinear::~GemmLinear() {
+  static_cast<void>(cublasDestroy(handle_));
+}
+
+bool GemmLinear::supports(const LinearWeight& w) {
+  return w.quantized() || w.weight.dtype == DType::BF16;
+}
+
+void* GemmLinear::scratch(DeviceMemory& memory, size_t bytes) {
+  if (bytes > memory.bytes()) memory = DeviceMemory(bytes);
+  return memory.data();
+}
+
+void GemmLinear::run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream) {
+  const int64_t k = w.in_features;
+  check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
+  check_cublas(cublasSetWorkspace(handle_, cublas_workspace_.data(), cublas_workspace_.bytes()),
+               "cublasSetWorkspace");
+  void* x_bf16 = scratch(x_bf16_, static_cast<size_t>(x.rows * k) * kBf16Bytes);
+  check_cuda(launch_rows_to_bf16(x_bf16, x, stream), "linear (x to BF16)");
+  if (!w.quantized()) {
+    bf16_gemm(handle_, out, x_bf16, w.weight.data, w.weight.rows <= 1 ? k : w.weight.stride, k);
+    return;
+  }
+  const int64_t slice_rows = std::min(w.out_features, std::max<int64_t>(1, kSliceElements / k));
+  void* weight_bf16 = scratch(weight_bf16_, static_cast<size_t>(slice_rows * k) * kBf16Bytes);
+  for (int64_t first = 0; first < w.out_features; first += slice_rows) {
+    const int64_t rows = std::min(slice_rows, w.out_features - first);
+    check_cuda(launch_dequantize_w4a16(weight_bf16, w, first, rows, stream), "linear (W4A16 to BF16)");
+    bf16_gemm(handle_, out.cols_view(first, rows), x_bf16, weight_bf16, k, k);
+  }
+}
+
+}  // namespace qspec::cuda

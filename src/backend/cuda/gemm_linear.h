@@ -1,0 +1,36 @@
+// The many-row linear (prefill): out = x W^T as one cuBLAS BF16 matrix product with FP32 accumulation and
+// output. x is rounded to BF16 and W4A16 weights are dequantized to BF16 in slices of rows, so the extra
+// memory is bounded (kSliceElements). Tensor cores at this size reach most of the BF16 peak; the price is
+// BF16 rounding of x and of the dequantized weights (relative error ~1e-3 of the largest output).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_resources.h"
+#include "backend/tensor.h"
+
+namespace qspec::cuda {
+
+class GemmLinear {
+ public:
+  GemmLinear();
+  ~GemmLinear();
+  GemmLinear(const GemmLinear&) = delete;
+  GemmLinear& operator=(const GemmLinear&) = delete;
+
+  // Dense BF16 or W4A16 weights (others are not taken: supports()).
+  static bool supports(const LinearWeight& w);
+  // Scratch grows here (a step's first, unrecorded run); a recorded step reuses it.
+  void run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream);
+
+ private:
+  void* scratch(DeviceMemory& memory, size_t bytes);
+
+  cublasHandle_t handle_ = nullptr;
+  DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_;
+};
+
+}  // namespace qspec::cuda
