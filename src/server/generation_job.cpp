@@ -48,7 +48,7 @@ void GenerationJob::run(ServedModel& model, std::atomic<int64_t>& positions_in_u
                int(result.tokens.size()) < spec_.options.max_tokens) {
       reason = "abort";
     }
-    finish(reason, "");
+    finish(reason, "", result.draft_tokens, result.accepted_tokens);
   } catch (const std::exception& error) {
     finish("abort", error.what());
   }
@@ -68,7 +68,8 @@ void GenerationJob::publish(const ReplyDelta& delta, std::optional<TokenId> id) 
   changed_.notify_all();
 }
 
-void GenerationJob::finish(const std::string& finish_reason, const std::string& error) {
+void GenerationJob::finish(const std::string& finish_reason, const std::string& error, int64_t draft_tokens,
+                           int64_t accepted_tokens) {
   {
     std::lock_guard lock(mutex_);
     times_.finished = Clock::now();
@@ -76,6 +77,8 @@ void GenerationJob::finish(const std::string& finish_reason, const std::string& 
       output->finished = true;
       output->finish_reason = finish_reason;
       output->error = error;
+      output->draft_tokens = draft_tokens;
+      output->accepted_tokens = accepted_tokens;
     }
   }
   changed_.notify_all();

@@ -33,8 +33,10 @@ struct JobOutput {
   ReplyDelta text;
   std::vector<TokenId> tokens;
   bool finished = false;
-  std::string finish_reason;  // when finished: "stop", "length" or "abort"
-  std::string error;          // when finished by an engine error
+  std::string finish_reason;    // when finished: "stop", "length" or "abort"
+  std::string error;            // when finished by an engine error
+  int64_t draft_tokens = 0;     // when finished: speculative decoding's proposals
+  int64_t accepted_tokens = 0;  // and how many of them were accepted
 };
 
 struct JobTimes {
@@ -63,7 +65,8 @@ class GenerationJob {
  private:
   bool cancelled() const { return cancelled_ || abort_all_; }
   void publish(const ReplyDelta& delta, std::optional<TokenId> id);
-  void finish(const std::string& finish_reason, const std::string& error);
+  void finish(const std::string& finish_reason, const std::string& error, int64_t draft_tokens = 0,
+              int64_t accepted_tokens = 0);
 
   const JobSpec spec_;
   const std::atomic<bool>& abort_all_;

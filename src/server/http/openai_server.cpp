@@ -421,6 +421,8 @@ class OpenAiServer::Impl {
     record.queue_seconds = seconds_between(times.arrival, times.started);
     if (times.has_first_token) record.ttft_seconds = seconds_between(times.arrival, times.first_token);
     record.e2e_seconds = seconds_between(times.arrival, times.finished);
+    record.draft_tokens = output.draft_tokens;
+    record.accepted_tokens = output.accepted_tokens;
     metrics_.record(record);
     if (options_.quiet) return;
     const Json line = {
@@ -434,7 +436,9 @@ class OpenAiServer::Impl {
         {"e2e_ms", record.e2e_seconds * 1e3},
         {"draft_tokens", record.draft_tokens},
         {"accepted_tokens", record.accepted_tokens},
-        {"acceptance", nullptr}};
+        {"acceptance", record.draft_tokens > 0
+                           ? Json(double(record.accepted_tokens) / double(record.draft_tokens))
+                           : Json(nullptr)}};
     fmt::print(stderr, "{}{}\n", output.error.empty() ? "" : "error: " + output.error + " ", json_text(line));
   }
 
