@@ -5,7 +5,7 @@
 //   prefill (otherwise):                        attention_prefill.cu, split-BF16 tensor cores
 // The positions live on the device, so the host sizes the grid by the cache's capacity: each block derives
 // its keys from the positions and splits them evenly (attention_kernels.cuh), and blocks past the context
-// finish at once. The merge kernel takes one block per (query row, head).
+// finish at once. The merge kernel takes one block per (query row, head, 32 dims).
 #include <cmath>
 #include <cstdint>
 
@@ -102,38 +102,49 @@ __device__ inline float block_max(float v, float* scratch) {
   return result;
 }
 
-// One block per (query token, head): out = sum_s values_s w_s / sum_s sum_s w_s, w_s = exp(max_s - max).
-// Splits without keys for the row (sum 0) are left out.
+// One block per (query token, head, 32 dims): out = sum_s values_s w_s / sum_s sum_s w_s with
+// w_s = exp(max_s - max); splits without keys for the row (sum 0, values 0) get weight 0. Warp w sums the
+// splits w, w + 8, ... for its 32 dims (lane = dim), so each thread has only splits / 8 loads, all in flight.
 __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(AttentionArgs a) {
+  constexpr int kMergeWarps = kMergeThreads / kWarpSize;
   __shared__ float weights[kMaxAttentionSplits];
-  __shared__ float scratch[kMergeThreads / kWarpSize];
+  __shared__ float scratch[kMergeWarps];
+  __shared__ float warp_sums[kMergeWarps][kWarpSize];
   const int64_t t = blockIdx.x / a.num_heads;
   const int head = static_cast<int>(blockIdx.x % a.num_heads);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int d = static_cast<int>(blockIdx.y) * kWarpSize + lane;
   float* y = output_row(a, t, head);
   if (row_key_count(a, t) == 0) {
-    for (int d = static_cast<int>(threadIdx.x); d < a.head_dim; d += blockDim.x) y[d] = NAN;
+    if (warp == 0 && d < a.head_dim) y[d] = NAN;
     return;
   }
   const float* first = partial_row(a, t, head, 0);
   const int64_t partial_size = 2 + int64_t{a.head_dim};
   float local_max = -INFINITY;
-  for (int s = static_cast<int>(threadIdx.x); s < a.splits; s += blockDim.x)
+  for (int s = static_cast<int>(threadIdx.x); s < a.splits; s += kMergeThreads)
     if (first[s * partial_size + 1] > 0.0f) local_max = fmaxf(local_max, first[s * partial_size]);
   const float global_max = block_max(local_max, scratch);
   float local_total = 0.0f;
-  for (int s = static_cast<int>(threadIdx.x); s < a.splits; s += blockDim.x) {
+  for (int s = static_cast<int>(threadIdx.x); s < a.splits; s += kMergeThreads) {
     const float sum = first[s * partial_size + 1];
     weights[s] = sum > 0.0f ? expf(first[s * partial_size] - global_max) : 0.0f;
     local_total += weights[s] * sum;
   }
   const float total = block_sum(local_total, scratch);  // its barriers also publish `weights`
-  // Unrolled without branches (an empty split's values are 0, its weight 0) so that 8 loads are in flight.
-  for (int d = static_cast<int>(threadIdx.x); d < a.head_dim; d += blockDim.x) {
-    float sum = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < a.splits; ++s) sum += first[s * partial_size + 2 + d] * weights[s];
-    y[d] = sum / total;
+  float sum = 0.0f;
+  if (d < a.head_dim) {
+#pragma unroll 4
+    for (int s = warp; s < a.splits; s += kMergeWarps) sum += first[s * partial_size + 2 + d] * weights[s];
   }
+  warp_sums[warp][lane] = sum;
+  __syncthreads();
+  if (warp != 0 || d >= a.head_dim) return;
+  float result = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) result += warp_sums[w][lane];
+  y[d] = result / total;
 }
 
 }  // namespace
@@ -185,7 +196,9 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
     }
   }
   if (status != cudaSuccess || plan.splits == 1) return status;
-  attention_merge_kernel<<<static_cast<unsigned>(q.rows * num_heads), kMergeThreads, 0, stream>>>(args);
+  const dim3 merge_grid(static_cast<unsigned>(q.rows * num_heads),
+                        static_cast<unsigned>((head_dim + kWarpSize - 1) / kWarpSize));
+  attention_merge_kernel<<<merge_grid, kMergeThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

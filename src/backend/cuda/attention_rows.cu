@@ -7,14 +7,21 @@
 // 4 consecutive keys; a lane holds 8 of the 256 dims (two float4) of all 4 query rows and of their
 // accumulators, loads the 4 keys' K and V rows before reducing the 16 scores over the warp, and keeps an
 // online softmax per row; the warps merge in shared memory. 16 KB of loads in flight per warp, ~3 blocks
-// per multiprocessor. Prediction (H200, context 4096, 32 MiB of K+V per layer): ~10 us (~8 us of reads at
-// 4.16 TB/s, plus the merge launch), was 72 us.
+// per multiprocessor. H200 (8 layers in one graph, merge included): context 4096 (32 MiB of K+V per
+// layer) 17 us, was 72 us (~8 us of reads at 4.16 TB/s: blocks of ~40 keys are latency-bound); context
+// 32768 71 us, 91% of the bandwidth.
 //
-// Verify (<= 64 query rows: 16 tokens x 4 grouped heads): tiles of 16 keys (K and V, 64 KB in two stages)
-// are copied into shared memory with cp.async while the previous tile is computed. A lane holds one query
-// row's 64 dims (every 4th float4); the 4 lanes of a row reduce its scores with 2 shuffles. Per key the
+// Verify (<= 64 query rows: 16 tokens x 4 grouped heads): tiles of 8 keys (K and V, 64 KB in four stages)
+// are copied into shared memory with cp.async, three tiles ahead of the one computed. A warp owns 8 query
+// rows, a lane 8 of their 256 dims (two float4), so each K/V value read from shared memory feeds 8 FMAs;
+// the 8 partial scores of a key are reduced and scattered over the warp with 9 shuffles, the lane that gets
+// a row's score keeps that row's softmax state, and the weights are broadcast back for P V. Per key the
 // block does 64 rows x 256 dims x 2 FMAs, 256 cycles of the multiprocessor's FP32 lanes: compute-bound at
-// about 2.5x the read time. Prediction (context 4096): ~20-25 us, was 395 us.
+// about 2x the read time. H200: context 4096 68 us per layer, 32768 402 us (was 395 us at 4096; the first
+// version of this kernel, one row per lane, took 111 us: its 128-bit shared loads were served a quarter-warp
+// at a time). Still ~3x over the FP32 bound: 255 registers (40 bytes spilled), 8 warps per multiprocessor,
+// the 5 dependent shuffles of each key's reduction; next is the tensor-core kernel with K/V split in
+// registers.
 #include <cmath>
 
 #include "backend/cuda/attention_kernels.cuh"
@@ -185,15 +192,34 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize, 3) attention_decode_k
 // ---- verify ----
 constexpr int kVerifyWarps = 8;
 constexpr int kVerifyThreads = kVerifyWarps * kWarpSize;
-constexpr int kVerifySliceLanes = 4;                               // lanes sharing one query row
-constexpr int kVerifyRowsPerWarp = kWarpSize / kVerifySliceLanes;  // 8
-constexpr int kVerifyChunksPerLane = kChunks / kVerifySliceLanes;  // 16
-constexpr int kVerifyTileKeys = 16;
-constexpr int kVerifyKeysPerGroup = 4;
-constexpr int kVerifyStages = 2;
+constexpr int kVerifyRowsPerWarp = kVerifyRows / kVerifyWarps;  // 8
+constexpr int kVerifyChunksPerLane = kChunks / kWarpSize;       // 2
+constexpr int kVerifyTileKeys = 8;
+constexpr int kVerifyStages = 4;
 constexpr size_t kVerifySharedBytes =
     sizeof(float4) * kVerifyStages * 2 * kVerifyTileKeys * kChunks;  // 64 KB
-static_assert(kVerifyWarps * kVerifyRowsPerWarp == kVerifyRows);
+static_assert(kVerifyRowsPerWarp == 8, "the score reduction below scatters 8 rows over 32 lanes");
+
+// Sums each of v[0..7] over the warp and leaves the sum of v[(lane >> 2) & 7] in every lane: halving steps
+// (each lane keeps the half its partner sends away) then two plain butterfly steps; 9 shuffles, not 40.
+__device__ inline float reduce_scatter_8(const float (&v)[8], int lane) {
+  const bool upper4 = (lane >> 4) & 1, upper3 = (lane >> 3) & 1, upper2 = (lane >> 2) & 1;
+  float four[4], two[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float keep = upper4 ? v[i + 4] : v[i], send = upper4 ? v[i] : v[i + 4];
+    four[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float keep = upper3 ? four[i + 2] : four[i], send = upper3 ? four[i] : four[i + 2];
+    two[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  float one = (upper2 ? two[1] : two[0]) + __shfl_xor_sync(0xffffffffu, upper2 ? two[0] : two[1], 4);
+  one += __shfl_xor_sync(0xffffffffu, one, 2);
+  one += __shfl_xor_sync(0xffffffffu, one, 1);
+  return one;
+}
 
 __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(AttentionArgs a) {
   extern __shared__ float4 tiles[];  // [stage][K, V][key][chunk]
@@ -201,14 +227,13 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
   const int split = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int slice = lane % kVerifySliceLanes;
   const int rows = static_cast<int>(a.tokens) * a.heads_per_kv;  // <= kVerifyRows
   const int chunks = a.head_dim / 4;
-  const int row = warp * kVerifyRowsPerWarp + lane / kVerifySliceLanes;
-  const bool has_row = row < rows;
-  const int64_t t = row / a.heads_per_kv;
-  const int head = kv * a.heads_per_kv + row % a.heads_per_kv;
-  const int64_t keys = has_row ? row_key_count(a, t) : 0;
+  const int first_row = warp * kVerifyRowsPerWarp;
+  // The row whose softmax state this lane keeps (4 lanes share one).
+  const int own = (lane >> 2) & 7;
+  const int own_row = first_row + own;
+  const int64_t own_keys = own_row < rows ? row_key_count(a, own_row / a.heads_per_kv) : 0;
 
   int64_t block_keys = 0;
   for (int other = 0; other < rows; ++other) {
@@ -218,17 +243,21 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
   const KeyRange range = split_key_range(block_keys, a.splits, split, kVerifyTileKeys);
   const int64_t kv_offset = static_cast<int64_t>(kv) * a.head_dim;
 
-  float4 query[kVerifyChunksPerLane], acc[kVerifyChunksPerLane];
+  float4 query[kVerifyRowsPerWarp][kVerifyChunksPerLane], acc[kVerifyRowsPerWarp][kVerifyChunksPerLane];
 #pragma unroll
-  for (int j = 0; j < kVerifyChunksPerLane; ++j) {
-    const int chunk = slice + j * kVerifySliceLanes;
-    query[j] = has_row && chunk < chunks
-                   ? reinterpret_cast<const float4*>(a.q + t * a.q_stride +
-                                                     static_cast<int64_t>(head) * a.head_dim)[chunk]
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
+    const int row = first_row + r;
+    const float4* q = reinterpret_cast<const float4*>(
+        a.q + row / a.heads_per_kv * a.q_stride +
+        static_cast<int64_t>(kv * a.heads_per_kv + row % a.heads_per_kv) * a.head_dim);
+#pragma unroll
+    for (int c = 0; c < kVerifyChunksPerLane; ++c) {
+      const int chunk = lane + c * kWarpSize;
+      query[r][c] = row < rows && chunk < chunks ? q[chunk] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      acc[r][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
-  float running_max = -INFINITY, total = 0.0f;
+  float running_max = -INFINITY, total = 0.0f;  // of row `own`
 
   const int64_t tile_count = (range.end - range.begin + kVerifyTileKeys - 1) / kVerifyTileKeys;
   auto load_tile = [&](int64_t tile) {
@@ -243,108 +272,123 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
                     a.v_cache + (first + key) * a.v_stride + kv_offset + 4 * chunk);
     }
   };
-  if (tile_count > 0) load_tile(0);
-  commit_async();
-  for (int64_t tile = 0; tile < tile_count; ++tile) {
-    if (tile + 1 < tile_count) load_tile(tile + 1);
+  for (int stage = 0; stage < kVerifyStages - 1; ++stage) {
+    if (stage < tile_count) load_tile(stage);
     commit_async();
-    wait_async<1>();  // this tile's copies are done (the next tile's may still run)
+  }
+  for (int64_t tile = 0; tile < tile_count; ++tile) {
+    if (tile + kVerifyStages - 1 < tile_count) load_tile(tile + kVerifyStages - 1);
+    commit_async();
+    wait_async<kVerifyStages - 1>();  // this tile's copies are done (the next ones' may still run)
     __syncthreads();
     const float4* key_tile = tiles + (tile % kVerifyStages) * 2 * kVerifyTileKeys * kChunks;
     const float4* value_tile = key_tile + kVerifyTileKeys * kChunks;
     const int64_t first = range.begin + tile * kVerifyTileKeys;
-    // Scores of 4 keys at a time, each as 4 partial sums: 16 independent FMA chains per lane.
+
+    // Scores: 8 rows x this lane's 8 dims per key, reduced and scattered so this lane gets row `own`'s.
+    // Keys past the range read stale shared memory; their scores are replaced by -inf.
     float scores[kVerifyTileKeys];
     float tile_max = -INFINITY;
 #pragma unroll
-    for (int first_of_group = 0; first_of_group < kVerifyTileKeys; first_of_group += kVerifyKeysPerGroup) {
-      float4 sums[kVerifyKeysPerGroup];
+    for (int u = 0; u < kVerifyTileKeys; ++u) {
+      float4 k[kVerifyChunksPerLane];
 #pragma unroll
-      for (int u = 0; u < kVerifyKeysPerGroup; ++u) sums[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int c = 0; c < kVerifyChunksPerLane; ++c) k[c] = key_tile[u * kChunks + lane + c * kWarpSize];
+      float partial[kVerifyRowsPerWarp];
 #pragma unroll
-      for (int j = 0; j < kVerifyChunksPerLane; ++j) {
-        const int chunk = slice + j * kVerifySliceLanes;
-        if (chunk >= chunks) continue;
+      for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
+        partial[r] = 0.0f;
 #pragma unroll
-        for (int u = 0; u < kVerifyKeysPerGroup; ++u) {
-          // Rows past the range hold stale data; their scores are replaced below.
-          const float4 k = key_tile[(first_of_group + u) * kChunks + chunk];
-          sums[u].x += query[j].x * k.x;
-          sums[u].y += query[j].y * k.y;
-          sums[u].z += query[j].z * k.z;
-          sums[u].w += query[j].w * k.w;
-        }
+        for (int c = 0; c < kVerifyChunksPerLane; ++c)
+          partial[r] += query[r][c].x * k[c].x + query[r][c].y * k[c].y + query[r][c].z * k[c].z +
+                        query[r][c].w * k[c].w;
       }
+      const float score = reduce_scatter_8(partial, lane) * a.scale;
+      const int64_t key = first + u;
+      scores[u] = key < range.end && key < own_keys ? score : -INFINITY;
+      tile_max = fmaxf(tile_max, scores[u]);
+    }
+    // Online softmax of row `own`; weights of masked keys are 0.
+    const float new_max = fmaxf(running_max, tile_max);
+    const float reference = new_max == -INFINITY ? 0.0f : new_max;
+    const float own_correction = expf(running_max - reference);
+    running_max = new_max;
+    total *= own_correction;
 #pragma unroll
-      for (int u = 0; u < kVerifyKeysPerGroup; ++u) {
-        float partial = (sums[u].x + sums[u].y) + (sums[u].z + sums[u].w);
-        partial += __shfl_xor_sync(0xffffffffu, partial, 1);
-        partial += __shfl_xor_sync(0xffffffffu, partial, 2);
-        const int64_t key = first + first_of_group + u;
-        scores[first_of_group + u] = key < range.end && key < keys ? partial * a.scale : -INFINITY;
-        tile_max = fmaxf(tile_max, scores[first_of_group + u]);
+    for (int u = 0; u < kVerifyTileKeys; ++u) {
+      scores[u] = expf(scores[u] - reference);
+      total += scores[u];
+    }
+    // O += P V for the 8 rows: each row's correction and weights come from the lanes that own it.
+#pragma unroll
+    for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
+      const float correction = __shfl_sync(0xffffffffu, own_correction, 4 * r);
+#pragma unroll
+      for (int c = 0; c < kVerifyChunksPerLane; ++c) {
+        acc[r][c].x *= correction;
+        acc[r][c].y *= correction;
+        acc[r][c].z *= correction;
+        acc[r][c].w *= correction;
       }
     }
-    if (tile_max > -INFINITY) {
-      const float new_max = fmaxf(running_max, tile_max);
-      const float correction = expf(running_max - new_max);
-      total *= correction;
 #pragma unroll
-      for (int j = 0; j < kVerifyChunksPerLane; ++j) {
-        acc[j].x *= correction;
-        acc[j].y *= correction;
-        acc[j].z *= correction;
-        acc[j].w *= correction;
-      }
+    for (int u = 0; u < kVerifyTileKeys; ++u) {
+      float4 v[kVerifyChunksPerLane];
 #pragma unroll
-      for (int u = 0; u < kVerifyTileKeys; ++u) {
-        if (scores[u] == -INFINITY) continue;
-        const float weight = expf(scores[u] - new_max);
-        total += weight;
+      for (int c = 0; c < kVerifyChunksPerLane; ++c) v[c] = value_tile[u * kChunks + lane + c * kWarpSize];
 #pragma unroll
-        for (int j = 0; j < kVerifyChunksPerLane; ++j) {
-          const int chunk = slice + j * kVerifySliceLanes;
-          if (chunk < chunks) {
-            const float4 v = value_tile[u * kChunks + chunk];
-            acc[j].x += weight * v.x;
-            acc[j].y += weight * v.y;
-            acc[j].z += weight * v.z;
-            acc[j].w += weight * v.w;
-          }
+      for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
+        // A key past the range has weight 0 for every row; its stale values must not reach acc.
+        const float weight = first + u < range.end ? __shfl_sync(0xffffffffu, scores[u], 4 * r) : 0.0f;
+#pragma unroll
+        for (int c = 0; c < kVerifyChunksPerLane; ++c) {
+          acc[r][c].x += weight * v[c].x;
+          acc[r][c].y += weight * v[c].y;
+          acc[r][c].z += weight * v[c].z;
+          acc[r][c].w += weight * v[c].w;
         }
       }
-      running_max = new_max;
     }
     __syncthreads();  // the next iteration's copies overwrite this stage
   }
 
-  if (!has_row) return;
-  if (a.splits == 1) {
-    float4* out = reinterpret_cast<float4*>(output_row(a, t, head));
 #pragma unroll
-    for (int j = 0; j < kVerifyChunksPerLane; ++j) {
-      const int chunk = slice + j * kVerifySliceLanes;
-      if (chunk >= chunks) continue;
-      out[chunk] = keys > 0
-                       ? make_float4(acc[j].x / total, acc[j].y / total, acc[j].z / total, acc[j].w / total)
-                       : make_float4(NAN, NAN, NAN, NAN);
+  for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
+    const int row = first_row + r;
+    const float row_total = __shfl_sync(0xffffffffu, total, 4 * r);
+    const float row_max = __shfl_sync(0xffffffffu, running_max, 4 * r);
+    if (row >= rows) continue;
+    const int64_t t = row / a.heads_per_kv;
+    const int head = kv * a.heads_per_kv + row % a.heads_per_kv;
+    if (a.splits == 1) {
+      // A valid row has key 0 in the only split, so row_total >= 1.
+      const bool valid = row_key_count(a, t) > 0;
+      float4* out = reinterpret_cast<float4*>(output_row(a, t, head));
+#pragma unroll
+      for (int c = 0; c < kVerifyChunksPerLane; ++c) {
+        const int chunk = lane + c * kWarpSize;
+        if (chunk >= chunks) continue;
+        out[chunk] = valid ? make_float4(acc[r][c].x / row_total, acc[r][c].y / row_total,
+                                         acc[r][c].z / row_total, acc[r][c].w / row_total)
+                           : make_float4(NAN, NAN, NAN, NAN);
+      }
+      continue;
     }
-    return;
-  }
-  float* partial = partial_row(a, t, head, split);
-  if (slice == 0) {
-    partial[0] = running_max;
-    partial[1] = total;
-  }
+    float* partial = partial_row(a, t, head, split);
+    if (lane == 0) {
+      partial[0] = row_max;
+      partial[1] = row_total;
+    }
 #pragma unroll
-  for (int j = 0; j < kVerifyChunksPerLane; ++j) {
-    const int chunk = slice + j * kVerifySliceLanes;
-    if (chunk >= chunks) continue;
-    float* values = partial + 2 + 4 * chunk;
-    values[0] = acc[j].x;
-    values[1] = acc[j].y;
-    values[2] = acc[j].z;
-    values[3] = acc[j].w;
+    for (int c = 0; c < kVerifyChunksPerLane; ++c) {
+      const int chunk = lane + c * kWarpSize;
+      if (chunk >= chunks) continue;
+      float* values = partial + 2 + 4 * chunk;
+      values[0] = acc[r][c].x;
+      values[1] = acc[r][c].y;
+      values[2] = acc[r][c].z;
+      values[3] = acc[r][c].w;
+    }
   }
 }
 
