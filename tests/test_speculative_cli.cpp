@@ -2,7 +2,9 @@
 // "steps" of --json, and exit status 1 with a message naming the file or flag on bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -83,6 +85,35 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
     const testing_support::CommandResult run = generate(c.flags);
     EXPECT_EQ(run.exit_code, 1) << c.flags << "\n" << run.err;
     EXPECT_NE(run.err.find(c.message), std::string::npos) << c.flags << "\n" << run.err;
+  }
+}
+
+// qspec bench with a drafter and the end-to-end protocol at tiny sizes: the draft and commit steps are
+// recorded, and every oracle acceptance length is the one measured.
+TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
+  testing_support::TempDir out;
+  const testing_support::CommandResult run = testing_support::run_command(
+      std::string(QSPEC_BINARY) + " bench --model " + kTarget + " --draft-model " + kDrafter +
+      " --prefill 8 --repeats 1 --e2e --e2e-prompts 64 --acceptance 1,5,16 --warmups 0 --e2e-runs 1 --out " +
+      out.str());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(out.path())) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const nlohmann::json record = nlohmann::json::parse(std::ifstream(files[0]));
+  std::vector<std::string> steps;
+  for (const auto& step : record.at("steps")) steps.push_back(step.at("name"));
+  EXPECT_NE(std::find(steps.begin(), steps.end(), "draft"), steps.end());
+  EXPECT_NE(std::find(steps.begin(), steps.end(), "commit 16"), steps.end());
+  const nlohmann::json& e2e = record.at("end_to_end");
+  ASSERT_EQ(e2e.size(), 4u);  // plain, then 1, 5, 16 tokens per step
+  EXPECT_EQ(e2e[0]["acceptance_length"], 0);
+  for (size_t i = 1; i < e2e.size(); ++i) {
+    const int requested = e2e[i]["acceptance_length"].get<int>();
+    // The last step of a request may emit fewer tokens (max_tokens), so the mean is at most the requested.
+    EXPECT_LE(e2e[i]["measured_acceptance_length"].get<double>(), requested);
+    EXPECT_GT(e2e[i]["measured_acceptance_length"].get<double>(), requested - 1);
+    EXPECT_EQ(e2e[i]["new_tokens"], 128);
   }
 }
 

@@ -1,5 +1,7 @@
 // qspec bench: per-step latency of the target model (decode M = 1, verify M = K, prefill of chosen lengths),
-// each against the bytes it must move, printed as a table and recorded as JSON under bench/results/.
+// each against the bytes it must move, printed as a table and recorded as JSON under bench/results/. With a
+// drafter also the draft step and the commit (GDN replay) of a verify step; with --e2e the competition's
+// end-to-end protocol (dflash-system.md §8) at chosen oracle acceptance lengths.
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,12 +14,16 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/generator.h"
 #include "engine/loaded_model.h"
+#include "engine/model_tokenizer.h"
+#include "engine/speculative.h"
 #include "io/checkpoint.h"
 
 namespace qspec::cli {
@@ -35,7 +41,52 @@ struct BenchArgs {
   std::string out_dir = "bench/results";
   std::string commit;
   bool no_graphs = false;
+  std::string draft_model;
+  int draft_window = 0;
+  bool e2e = false;
+  std::vector<int> e2e_prompts = {64, 2048,
+                                  8192};        // prompt tokens per category; 128 new tokens at 64, else 256
+  std::vector<int> acceptance = {1, 4, 8, 16};  // tokens per speculative step the oracle drafts give
+  int warmups = 5;
+  int e2e_runs = 10;
 };
+
+constexpr const char* kFiller = "The quick brown fox jumps over the lazy dog. ";
+
+// The competition prompt: the filler sentence repeated prompt_tokens / 10 times, encoded with the model's
+// tokenizer; without one, ten fixed ids stand in for the sentence.
+std::vector<int32_t> filler_prompt(const std::optional<ModelTokenizer>& tokenizer, int prompt_tokens,
+                                   int vocab) {
+  const int repeats = std::max(1, prompt_tokens / 10);
+  if (tokenizer) {
+    std::string text;
+    for (int i = 0; i < repeats; ++i) text += kFiller;
+    return tokenizer->tokenizer.encode(text);
+  }
+  std::vector<int32_t> ids;
+  for (int i = 0; i < repeats * 10; ++i) ids.push_back(int32_t((i % 10) * 7919 % vocab));
+  return ids;
+}
+
+// Drafts that make every step emit `length` tokens (length - 1 accepted): the expected output with a wrong
+// token at every output index that is a multiple of `length`.
+std::vector<int32_t> oracle_for_acceptance(const std::vector<int32_t>& expected, int length, int vocab) {
+  std::vector<int32_t> oracle = expected;
+  for (size_t i = size_t(length); i < oracle.size(); i += size_t(length)) oracle[i] = (oracle[i] + 1) % vocab;
+  return oracle;
+}
+
+struct EndToEndResult {
+  int prompt_tokens = 0, new_tokens = 0;
+  int acceptance = 0;  // 0: plain decoding
+  std::vector<double> ms;
+  double mean_acceptance_length = 0;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
 
 struct StepResult {
   std::string name;
@@ -43,11 +94,7 @@ struct StepResult {
   std::vector<double> ms;  // one per timed repetition
   double bytes = 0;        // the fewest bytes the step must move
 
-  double median_ms() const {
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    return sorted[sorted.size() / 2];
-  }
+  double median_ms() const { return median(ms); }
 };
 
 double elapsed_ms(std::chrono::steady_clock::time_point start) {
@@ -72,7 +119,52 @@ double state_bytes(const Qwen35Config& c, int64_t context) {
   return gdn + kv;
 }
 
+// The competition protocol per category: warm-ups, then timed requests (prefill + decode) at temperature 0,
+// batch 1: plain decoding, then speculative decoding with oracle drafts at each acceptance length.
+std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& model, Backend& backend) {
+  const Qwen35Config& c = model.config();
+  const std::optional<ModelTokenizer> tokenizer = open_model_tokenizer(args.model_dir, "", c.vocab_size);
+  std::vector<EndToEndResult> results;
+  for (int prompt_tokens : args.e2e_prompts) {
+    const std::vector<int32_t> prompt = filler_prompt(tokenizer, prompt_tokens, c.vocab_size);
+    GenerationOptions options;
+    options.max_tokens = prompt_tokens <= 64 ? 128 : 256;
+    options.ignore_eos = true;
+    options.prefill_chunk = 8192;
+    auto state = model.new_state(int(prompt.size()) + options.max_tokens);
+    std::vector<int32_t> expected;  // the last request's output
+    auto time_requests = [&](EndToEndResult& r, const std::function<GenerationResult()>& request) {
+      for (int i = 0; i < args.warmups + args.e2e_runs; ++i) {
+        model.reset(*state);
+        auto start = std::chrono::steady_clock::now();
+        const GenerationResult g = request();
+        backend.synchronize();
+        if (i >= args.warmups) r.ms.push_back(elapsed_ms(start));
+        if (!g.steps.empty())
+          r.mean_acceptance_length =
+              double(g.accepted_tokens + int64_t(g.steps.size())) / double(g.steps.size());
+        expected = g.tokens;
+      }
+    };
+    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0};
+    time_requests(plain, [&] { return generate(model, *state, prompt, options); });
+    results.push_back(plain);
+    const std::vector<int32_t> greedy = expected;
+    for (int acceptance : args.acceptance) {
+      SpeculativeOptions spec;
+      spec.oracle_drafts = oracle_for_acceptance(greedy, acceptance, c.vocab_size);
+      EndToEndResult r{int(prompt.size()), options.max_tokens, acceptance, {}, 0.0};
+      time_requests(r, [&] { return generate_speculative(model, *state, nullptr, prompt, options, spec); });
+      results.push_back(r);
+    }
+  }
+  return results;
+}
+
 void run_bench(const BenchArgs& args) {
+  for (int a : args.acceptance)
+    if (a < 1 || a > kDefaultSpecTokens + 1)
+      fail("--acceptance: {} tokens per step, expected 1..{}", a, kDefaultSpecTokens + 1);
   LoadedModel loaded = LoadedModel::open(args.model_dir, args.backend);
   Qwen35Model& model = *loaded.model;
   model.set_step_graphs(!args.no_graphs);
@@ -111,6 +203,35 @@ void run_bench(const BenchArgs& args) {
   all_rows.all_logits = true;
   time_step(verify, [&] { model.forward(*state, block, all_rows); });
   results.push_back(verify);
+
+  if (!args.draft_model.empty()) {
+    // The draft step over a context of args.context tokens, and the commit (GDN replay) of a whole verify
+    // step.
+    LoadedDrafter drafter = LoadedDrafter::open(args.draft_model, loaded, args.model_dir);
+    const DFlashConfig& dc = drafter.model->config();
+    auto draft_state = drafter.model->new_state(state->max_context);
+    model.reset(*state);
+    ForwardOptions features;
+    features.logits = false;
+    features.hidden_layers = dc.target_layer_ids;
+    drafter.model->add_context(*draft_state, model.forward(*state, context, features).hidden);
+    StepResult draft{"draft", dc.block_size, {}, 0};
+    time_step(draft, [&] { drafter.model->draft(*draft_state, 17, args.draft_window); });
+    results.push_back(draft);
+    const std::vector<int32_t> verify_block(size_t(dc.block_size), 17);
+    ForwardOptions pending = all_rows;
+    pending.advance = false;
+    StepResult commit{fmt::format("commit {}", dc.block_size), dc.block_size, {}, state_bytes(c, 0)};
+    for (int i = 0; i < args.repeats + 1; ++i) {
+      model.forward(*state, verify_block, pending);
+      backend.synchronize();
+      auto start = std::chrono::steady_clock::now();
+      model.commit(*state, dc.block_size);
+      backend.synchronize();
+      if (i > 0) commit.ms.push_back(elapsed_ms(start));
+    }
+    results.push_back(commit);
+  }
 
   for (int length : args.prefill) {
     std::vector<int32_t> prompt = random_tokens(length, c.vocab_size, 3);
@@ -156,6 +277,24 @@ void run_bench(const BenchArgs& args) {
                                {"percent_of_limit", 100.0 * limit_ms / ms}});
   }
 
+  if (args.e2e) {
+    record["end_to_end"] = nlohmann::json::array();
+    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10}\n", "prompt", "new", "acceptance", "median ms",
+               "decode tok/s", "measured");
+    for (const EndToEndResult& r : run_end_to_end(args, model, backend)) {
+      const double ms = median(r.ms);
+      const std::string acceptance = r.acceptance == 0 ? "plain" : std::to_string(r.acceptance);
+      fmt::print("{:<8} {:>6} {:>11} {:>11.2f} {:>12.1f} {:>10.2f}\n", r.prompt_tokens, r.new_tokens,
+                 acceptance, ms, r.new_tokens / (ms * 1e-3), r.mean_acceptance_length);
+      record["end_to_end"].push_back({{"prompt_tokens", r.prompt_tokens},
+                                      {"new_tokens", r.new_tokens},
+                                      {"acceptance_length", r.acceptance},
+                                      {"measured_acceptance_length", r.mean_acceptance_length},
+                                      {"median_ms", ms},
+                                      {"ms", r.ms}});
+    }
+  }
+
   std::filesystem::create_directories(args.out_dir);
   std::time_t now = std::time(nullptr);
   std::string device_tag = device;
@@ -190,6 +329,23 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--out", args->out_dir, "directory for the JSON record");
   cmd->add_option("--commit", args->commit, "commit id to record (default: $QSPEC_COMMIT)");
   cmd->add_flag("--no-graphs", args->no_graphs, "run every op directly instead of replaying step graphs");
+  cmd->add_option("--draft-model", args->draft_model,
+                  "DFlash drafter: also time the draft step and the commit");
+  cmd->add_option("--draft-window", args->draft_window, "drafter sliding window for the draft step (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag(
+      "--e2e", args->e2e,
+      "end-to-end competition protocol: filler prompts, temperature 0, plain and at each --acceptance");
+  cmd->add_option("--e2e-prompts", args->e2e_prompts,
+                  "prompt lengths of the categories (64 -> 128 new tokens, "
+                  "else 256)")
+      ->delimiter(',');
+  cmd->add_option("--acceptance", args->acceptance, "oracle acceptance lengths (tokens per step, 1..16)")
+      ->delimiter(',');
+  cmd->add_option("--warmups", args->warmups, "untimed requests per end-to-end case")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--e2e-runs", args->e2e_runs, "timed requests per end-to-end case (median reported)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([args] { run_bench(*args); });
 }
 
