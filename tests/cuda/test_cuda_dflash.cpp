@@ -1,0 +1,260 @@
+// Speculative decoding on the CUDA backend against the CPU reference: the windowed_attention op, GDN ops that
+// only read their state (update_state = false), verify + commit of the target (step graphs on), the DFlash
+// drafter against the oracle fixtures (tests/fixtures/dflash), and greedy speculative output equal to plain
+// greedy output on the GPU.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "engine/loaded_model.h"
+#include "engine/speculative.h"
+#include "op_check.h"
+
+namespace qspec::cuda_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// fp32 softmax attention, keys summed in another order: as the causal attention op's tolerance.
+constexpr double kWindowedAttentionTolerance = 1e-5;
+// Whole-model comparisons (states after a verify + commit, draft logits): as test_cuda_model's logits.
+constexpr double kModelTolerance = 2e-4;
+
+fs::path fixtures_root() {
+  if (const char* dir = std::getenv("QSPEC_FIXTURES_DIR")) return fs::path(dir);
+  return fs::path("tests") / "fixtures";
+}
+
+std::vector<fs::path> fixture_dirs(const std::string& kind, const std::string& marker) {
+  std::vector<fs::path> dirs;
+  if (fs::exists(fixtures_root() / kind))
+    for (const auto& entry : fs::directory_iterator(fixtures_root() / kind))
+      if (fs::exists(entry.path() / marker)) dirs.push_back(entry.path());
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+std::vector<float> read_all(Backend& backend, const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  backend.read(out.data(), t);
+  return out;
+}
+
+TEST(CudaDFlash, WindowedAttentionMatchesCpu) {
+  std::mt19937 rng(41);
+  Backends b;
+  struct Case {
+    int heads, kv_heads, head_dim, rows, cache_rows, window;
+  };
+  // The drafter's shape (32/8 x 128, 16 queries) over short and long contexts, windowed or not; odd shapes.
+  const std::vector<Case> cases = {{32, 8, 128, 16, 40, 0},      {32, 8, 128, 16, 4100, 0},
+                                   {32, 8, 128, 16, 4100, 1024}, {4, 2, 16, 16, 37, 12},
+                                   {6, 3, 256, 5, 300, 7},       {2, 1, 64, 3, 1, 0}};
+  for (const Case& c : cases) {
+    const std::string label = fmt::format("windowed_attention {}/{} x {} rows {} keys {} window {}", c.heads,
+                                          c.kv_heads, c.head_dim, c.rows, c.cache_rows, c.window);
+    const int64_t q_cols = int64_t(c.heads) * c.head_dim, kv_cols = int64_t(c.kv_heads) * c.head_dim;
+    const TensorPair q =
+        b.activation(c.rows, q_cols, random_floats(rng, size_t(c.rows * q_cols), -1.0f, 1.0f));
+    const TensorPair k =
+        b.activation(c.cache_rows, kv_cols, random_floats(rng, size_t(c.cache_rows * kv_cols), -1.0f, 1.0f));
+    const TensorPair v =
+        b.activation(c.cache_rows, kv_cols, random_floats(rng, size_t(c.cache_rows * kv_cols), -1.0f, 1.0f));
+    // Queries sit at the last `rows` positions, as the drafter's block does.
+    std::vector<int32_t> begin, end;
+    for (int t = 0; t < c.rows; ++t) {
+      const int p = c.cache_rows - c.rows + t;
+      const bool windowed = c.window > 0 && c.cache_rows > c.window;
+      begin.push_back(windowed ? std::max(0, p - (c.window - 1)) : 0);
+      end.push_back(windowed ? std::min(c.cache_rows, p + c.window) : c.cache_rows);
+    }
+    const TensorPair key_begin = b.indices(begin), key_end = b.indices(end);
+    TensorPair out = b.poisoned(c.rows, q_cols);
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    b.cpu().windowed_attention(out.cpu(), q.cpu(), k.cpu(), v.cpu(), key_begin.cpu(), key_end.cpu(), shape);
+    b.gpu().windowed_attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), key_begin.gpu(), key_end.gpu(), shape);
+    expect_close("windowed_attention", label, b.read_gpu(out.gpu()), b.read_cpu(out.cpu()),
+                 kWindowedAttentionTolerance);
+  }
+}
+
+// update_state = false: the GPU state is left bit for bit, the outputs are those of the updating call.
+TEST(CudaDFlash, GdnOpsWithoutStateUpdateOnlyReadTheState) {
+  std::mt19937 rng(42);
+  Backends b;
+  const int64_t tokens = 16, channels = 8192;
+  const WeightPair weight =
+      b.weight(DType::BF16, channels, 4, random_floats(rng, size_t(channels * 4), -0.6f, 0.6f));
+  const std::vector<float> initial = random_floats(rng, size_t(channels * 3), -2.0f, 2.0f);
+  const TensorPair x =
+      b.activation(tokens, channels, random_floats(rng, size_t(tokens * channels), -2.0f, 2.0f));
+  TensorPair read_only = b.activation(channels, 3, initial), updated = b.activation(channels, 3, initial);
+  TensorPair out_read_only = b.poisoned(tokens, channels), out_updated = b.poisoned(tokens, channels);
+  b.gpu().conv1d_silu(out_read_only.gpu(), x.gpu(), read_only.gpu(), weight.gpu, false);
+  b.gpu().conv1d_silu(out_updated.gpu(), x.gpu(), updated.gpu(), weight.gpu, true);
+  expect_close("conv1d_silu", "conv1d_silu update_state=false state untouched", b.read_gpu(read_only.gpu()),
+               initial, 0.0);
+  expect_close("conv1d_silu", "conv1d_silu update_state=false out", b.read_gpu(out_read_only.gpu()),
+               b.read_gpu(out_updated.gpu()), 0.0);
+
+  const GdnShape shape{16, 32, 128, 128};
+  const int64_t qkv_cols = 2 * 16 * 128 + 32 * 128, state_rows = 32 * 128;
+  const std::vector<float> state0 = random_floats(rng, size_t(state_rows * 128), -0.5f, 0.5f);
+  const TensorPair qkv =
+      b.activation(tokens, qkv_cols, random_floats(rng, size_t(tokens * qkv_cols), -1.0f, 1.0f));
+  const TensorPair beta = b.activation(tokens, 32, random_floats(rng, size_t(tokens * 32), 0.05f, 0.95f));
+  const TensorPair g = b.activation(tokens, 32, random_floats(rng, size_t(tokens * 32), -2.0f, -0.01f));
+  TensorPair s_read_only = b.activation(state_rows, 128, state0),
+             s_updated = b.activation(state_rows, 128, state0);
+  TensorPair o_read_only = b.poisoned(tokens, 32 * 128), o_updated = b.poisoned(tokens, 32 * 128);
+  b.gpu().gated_delta_rule(o_read_only.gpu(), qkv.gpu(), beta.gpu(), g.gpu(), s_read_only.gpu(), shape,
+                           false);
+  b.gpu().gated_delta_rule(o_updated.gpu(), qkv.gpu(), beta.gpu(), g.gpu(), s_updated.gpu(), shape, true);
+  expect_close("gated_delta_rule", "gated_delta_rule update_state=false state untouched",
+               b.read_gpu(s_read_only.gpu()), state0, 0.0);
+  expect_close("gated_delta_rule", "gated_delta_rule update_state=false out", b.read_gpu(o_read_only.gpu()),
+               b.read_gpu(o_updated.gpu()), 0.0);
+}
+
+std::vector<std::vector<float>> gdn_states(Backend& backend, const Qwen35State& state) {
+  std::vector<std::vector<float>> states;
+  for (const Qwen35State::Layer& layer : state.layers)
+    if (layer.conv_state) {
+      states.push_back(read_all(backend, layer.conv_state->tensor()));
+      states.push_back(read_all(backend, layer.recurrent_state->tensor()));
+    }
+  return states;
+}
+
+// Verify steps of 16 rows committed at 1..16 rows, twice over (the second pass replays recorded step graphs):
+// the GPU's GDN states track the CPU's, and the next token's logits agree.
+TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
+  for (const fs::path& dir : fixture_dirs("qwen35", "config.json")) {
+    LoadedModel cpu = LoadedModel::open(dir.string(), "cpu");
+    LoadedModel gpu = LoadedModel::open(dir.string(), "cuda");
+    const int vocab = cpu.model->config().vocab_size;
+    std::mt19937 rng(43);
+    std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+    auto cpu_state = cpu.model->new_state(600), gpu_state = gpu.model->new_state(600);
+    std::vector<int32_t> prompt(10);
+    for (int32_t& t : prompt) t = token(rng);
+    cpu.model->forward(*cpu_state, prompt, ForwardOptions{});
+    gpu.model->forward(*gpu_state, prompt, ForwardOptions{});
+    ForwardOptions verify;
+    verify.all_logits = true;
+    verify.advance = false;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int rows = 1; rows <= 16; ++rows) {
+        std::vector<int32_t> block(16);
+        for (int32_t& t : block) t = token(rng);
+        const auto before = gdn_states(*gpu.backend, *gpu_state);
+        const ForwardOutput gpu_out = gpu.model->forward(*gpu_state, block, verify);
+        const ForwardOutput cpu_out = cpu.model->forward(*cpu_state, block, verify);
+        const std::string label = fmt::format("{} pass {} commit {}", dir.filename().string(), pass, rows);
+        expect_close("verify", label + " logits", read_all(*gpu.backend, gpu_out.logits),
+                     read_all(*cpu.backend, cpu_out.logits), kModelTolerance);
+        EXPECT_EQ(gdn_states(*gpu.backend, *gpu_state), before)
+            << label << ": the verify step wrote the state";
+        gpu.model->commit(*gpu_state, rows);
+        cpu.model->commit(*cpu_state, rows);
+        const auto gpu_states = gdn_states(*gpu.backend, *gpu_state),
+                   cpu_states = gdn_states(*cpu.backend, *cpu_state);
+        for (size_t i = 0; i < gpu_states.size(); ++i)
+          expect_close("commit", fmt::format("{} state {}", label, i), gpu_states[i], cpu_states[i],
+                       kModelTolerance);
+      }
+    const int32_t next = token(rng);
+    expect_close(
+        "commit", dir.filename().string() + " next logits",
+        read_all(*gpu.backend, gpu.model->forward(*gpu_state, std::span(&next, 1), ForwardOptions{}).logits),
+        read_all(*cpu.backend, cpu.model->forward(*cpu_state, std::span(&next, 1), ForwardOptions{}).logits),
+        kModelTolerance);
+  }
+}
+
+// The DFlash fixtures on the GPU: the first step's draft logits against the oracle's, and the whole greedy
+// speculative run (drafter on the GPU) gives the oracle's tokens.
+TEST(CudaDFlash, DrafterMatchesOracle) {
+  const auto drafters = fixture_dirs("dflash", "oracle.safetensors");
+  ASSERT_FALSE(drafters.empty()) << "no drafter fixtures under " << fixtures_root();
+  for (const fs::path& dir : drafters) {
+    const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "oracle.json"));
+    const std::string target_dir =
+        (fixtures_root() / "qwen35" / fs::path(meta.at("target").get<std::string>()).filename()).string();
+    const int window = meta.at("draft_window").get<int>();
+    const TensorStore oracle = TensorStore::open_file((dir / "oracle.safetensors").string());
+    auto ints = [&](const char* name) {
+      const TensorView& v = oracle.get(name);
+      std::vector<int32_t> out(size_t(v.numel()));
+      std::memcpy(out.data(), v.data, out.size() * sizeof(int32_t));
+      return out;
+    };
+    const std::vector<int32_t> prompt = ints("prompt"), tokens = ints("tokens");
+    LoadedModel target = LoadedModel::open(target_dir, "cuda");
+    LoadedDrafter drafter = LoadedDrafter::open(dir.string(), target, target_dir);
+
+    auto state = target.model->new_state(int(prompt.size() + tokens.size()));
+    auto draft_state = drafter.model->new_state(state->max_context);
+    ForwardOptions prefill;
+    prefill.logits = false;
+    prefill.hidden_layers = drafter.model->config().target_layer_ids;
+    drafter.model->add_context(*draft_state, target.model->forward(*state, prompt, prefill).hidden);
+    const TensorView& logits = oracle.get("draft_logits");
+    const size_t step_floats = size_t(logits.numel()) / ints("starts").size();
+    std::vector<float> first_step(step_floats);
+    std::memcpy(first_step.data(), logits.data, step_floats * sizeof(float));
+    expect_close("dflash", dir.filename().string() + " step 0 draft logits vs oracle",
+                 read_all(*target.backend, drafter.model->draft(*draft_state, tokens[0], window)), first_step,
+                 kModelTolerance);
+
+    target.model->reset(*state);
+    drafter.model->reset(*draft_state);
+    GenerationOptions options;
+    options.max_tokens = int(tokens.size());
+    options.ignore_eos = true;
+    SpeculativeOptions spec;
+    spec.draft_window = window;
+    const Drafter pair{*drafter.model, *draft_state};
+    const GenerationResult result = generate_speculative(*target.model, *state, &pair, prompt, options, spec);
+    EXPECT_EQ(result.tokens, tokens) << dir.filename();
+  }
+}
+
+// Oracle drafts forcing acceptance lengths 0..15 on the GPU (verify and commit step graphs): the output is
+// the GPU's plain greedy output.
+TEST(CudaDFlash, SpeculativeGreedyEqualsPlainGreedy) {
+  for (const fs::path& dir : fixture_dirs("qwen35", "config.json")) {
+    LoadedModel gpu = LoadedModel::open(dir.string(), "cuda");
+    const int vocab = gpu.model->config().vocab_size;
+    const std::vector<int32_t> prompt = {5, 17, 2, 99 % vocab, 41, 7, 3, 11, 23};
+    GenerationOptions options;
+    options.max_tokens = 1 + 16 * 17 / 2;
+    options.ignore_eos = true;
+    auto state = gpu.model->new_state(int(prompt.size()) + options.max_tokens);
+    const std::vector<int32_t> expected = generate(*gpu.model, *state, prompt, options).tokens;
+    std::vector<int32_t> oracle = expected;
+    for (int emitted = 1, a = 0; a < 15; emitted += a + 1, ++a)
+      oracle[size_t(emitted + a)] = (expected[size_t(emitted + a)] + 1) % vocab;
+    SpeculativeOptions spec;
+    spec.oracle_drafts = oracle;
+    gpu.model->reset(*state);
+    const GenerationResult result = generate_speculative(*gpu.model, *state, nullptr, prompt, options, spec);
+    EXPECT_EQ(result.tokens, expected) << dir.filename();
+    ASSERT_GE(result.steps.size(), 16u) << dir.filename();
+    for (int a = 0; a < 16; ++a) EXPECT_EQ(result.steps[size_t(a)].accepted, a) << dir.filename();
+  }
+}
+
+}  // namespace
+}  // namespace qspec::cuda_test
