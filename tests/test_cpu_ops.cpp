@@ -66,6 +66,32 @@ TEST(CpuRmsnorm, InPlace) {
   EXPECT_LE(cpu_test::relative_max_error(x, want), kTolerance);
 }
 
+// The fused residual form: x ends as x + delta and out as rmsnorm of that, against the double reference;
+// strided x and delta; out aliasing x or delta is refused.
+TEST(CpuAddRmsnorm, UpdatesResidualThenNormalises) {
+  std::mt19937 rng(21);
+  auto backend = make_cpu_backend();
+  for (int64_t tokens : {1, 3, 17}) {
+    TestTensor x = cpu_test::random_tensor(rng, DType::F32, tokens, 96, -2, 2, 100);
+    const TestTensor delta = cpu_test::random_tensor(rng, DType::F32, tokens, 96, -1, 1, 104);
+    const TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 1, 96, -0.5, 0.5);
+    Reference sum(tokens, 96);
+    TestTensor want_x(DType::F32, tokens, 96);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < 96; ++i) {
+        sum.at(t, i) = x.get(t, i) + delta.get(t, i);
+        want_x.view().row<float>(t)[i] = static_cast<float>(sum.at(t, i));
+      }
+    Reference want =
+        reference_rmsnorm(want_x, 96, 1e-6, [&](int64_t, int64_t, int64_t i) { return 1 + w.get(0, i); });
+    TestTensor out(DType::F32, tokens, 96);
+    backend->add_rmsnorm(out.view(), x.view(), delta.view(), w.view(), 1e-6f, true);
+    EXPECT_LE(cpu_test::relative_max_error(x, sum), kTolerance) << tokens << " tokens: residual";
+    EXPECT_LE(cpu_test::relative_max_error(out, want), kTolerance) << tokens << " tokens: norm";
+    EXPECT_THROW(backend->add_rmsnorm(x.view(), x.view(), delta.view(), w.view(), 1e-6f, true), Error);
+  }
+}
+
 TEST(CpuGatedRmsnorm, PerHeadTimesSiluGate) {
   std::mt19937 rng(3);
   auto backend = make_cpu_backend();

@@ -86,6 +86,14 @@ void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, co
   require_shape(op, "out", out, x.rows, x.cols);
 }
 
+void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight) {
+  check_norm_args("add_rmsnorm", out, x, weight);
+  require_activation("add_rmsnorm", "delta", delta);
+  require_shape("add_rmsnorm", "delta", delta, x.rows, x.cols);
+  if (out.data == x.data || out.data == delta.data)
+    fail("add_rmsnorm: out must not alias x or delta (x is updated before out is written)");
+}
+
 void check_norm_gate_args(const Tensor& z, const Tensor& x) {
   require_activation("gated_rmsnorm", "z", z);
   require_shape("gated_rmsnorm", "z", z, x.rows, x.cols);

@@ -32,6 +32,8 @@ void check_copy_args(const Tensor& dst, const Tensor& src);
 void check_embed_args(const Tensor& out, const Tensor& table, const Tensor& ids);
 // rmsnorm / gated_rmsnorm: x [T, C] normalised in groups of weight.cols columns; C a whole number of groups.
 void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, const Tensor& weight);
+// add_rmsnorm: delta shaped as x, out distinct from both.
+void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight);
 // gated_rmsnorm's gate z, shaped as x.
 void check_norm_gate_args(const Tensor& z, const Tensor& x);
 void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w);

@@ -36,10 +36,10 @@ struct GdnShape {
 };
 
 struct AttentionShape {
-  int num_heads;     // query heads; query head h reads KV head h / (num_heads / num_kv_heads)
+  int num_heads;  // query heads; query head h reads KV head h / (num_heads / num_kv_heads)
   int num_kv_heads;
   int head_dim;
-  float scale;       // softmax scale, head_dim^-0.5
+  float scale;  // softmax scale, head_dim^-0.5
 };
 
 // A recorded sequence of ops replayed as one unit: on CUDA a graph, so a step costs one launch instead of one
@@ -61,8 +61,9 @@ class Backend {
   virtual std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;
   // A checkpoint tensor as a backend tensor [rows, cols] (CPU: a view of the mapping; GPU: a device copy).
   virtual Tensor upload_weight(const TensorView& view, int64_t rows, int64_t cols) = 0;
-  virtual void write(const Tensor& dst, const void* host) = 0;  // dst contiguous, host has dst.numel() elements
-  virtual void read(void* host, const Tensor& src) = 0;         // src contiguous
+  virtual void write(const Tensor& dst,
+                     const void* host) = 0;              // dst contiguous, host has dst.numel() elements
+  virtual void read(void* host, const Tensor& src) = 0;  // src contiguous
   virtual void fill_zero(const Tensor& dst) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same shape and dtype, any strides
   virtual void synchronize() = 0;
@@ -78,6 +79,10 @@ class Backend {
   // RMSNorm over groups of weight.cols columns: y = x_hat * (unit_offset ? 1 + w : w)
   virtual void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps,
                        bool unit_offset) = 0;
+  // The residual add and the next norm in one pass: x += delta, then out = rmsnorm(x) as rmsnorm does (out
+  // must not alias x or delta).
+  virtual void add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
+                           float eps, bool unit_offset) = 0;
   // out = x W^T
   virtual void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) = 0;
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;

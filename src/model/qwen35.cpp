@@ -22,6 +22,19 @@ LinearWeight linear_weight(Backend& backend, const Qwen35Config& config, const T
                        in_features);
 }
 
+// Modules of one layer that read the same input, as one StackedLinear.
+StackedLinear stacked_weight(Backend& backend, const Qwen35Config& config, const TensorStore& store,
+                             const std::vector<std::pair<std::string, int64_t>>& modules, int64_t in_features,
+                             std::vector<std::unique_ptr<Buffer>>& storage) {
+  std::vector<LinearTensors> found;
+  std::vector<int64_t> out_features;
+  for (const auto& [module, n] : modules) {
+    found.push_back(find_linear(config, store, module, n, in_features));
+    out_features.push_back(n);
+  }
+  return upload_stacked_linear(backend, found, out_features, in_features, storage);
+}
+
 Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Backend& backend) {
   CheckpointReport report = check_checkpoint(c, store);
   if (!report.ok()) fail("{}: checkpoint does not match its config:\n{}", store.source(), report.problems());
@@ -48,14 +61,15 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
     layer.type = c.layer_types[size_t(i)];
     layer.input_norm = upload_vector(backend, store, name("input_layernorm.weight"), H);
     layer.post_attention_norm = upload_vector(backend, store, name("post_attention_layernorm.weight"), H);
-    layer.mlp_gate = linear_weight(backend, c, store, name("mlp.gate_proj"), FF, H);
-    layer.mlp_up = linear_weight(backend, c, store, name("mlp.up_proj"), FF, H);
+    auto stacked = [&](const std::vector<std::pair<std::string, int64_t>>& modules) {
+      return stacked_weight(backend, c, store, modules, H, w.stacked_storage);
+    };
+    layer.mlp_gate_up = stacked({{name("mlp.gate_proj"), FF}, {name("mlp.up_proj"), FF}});
     layer.mlp_down = linear_weight(backend, c, store, name("mlp.down_proj"), H, FF);
     if (layer.type == LayerType::LinearAttention) {
-      layer.in_proj_qkv = linear_weight(backend, c, store, name("linear_attn.in_proj_qkv"), conv_dim, H);
-      layer.in_proj_z = linear_weight(backend, c, store, name("linear_attn.in_proj_z"), value_dim, H);
-      layer.in_proj_b = linear_weight(backend, c, store, name("linear_attn.in_proj_b"), nv, H);
-      layer.in_proj_a = linear_weight(backend, c, store, name("linear_attn.in_proj_a"), nv, H);
+      layer.in_proj_qkvz =
+          stacked({{name("linear_attn.in_proj_qkv"), conv_dim}, {name("linear_attn.in_proj_z"), value_dim}});
+      layer.in_proj_ba = stacked({{name("linear_attn.in_proj_b"), nv}, {name("linear_attn.in_proj_a"), nv}});
       layer.out_proj = linear_weight(backend, c, store, name("linear_attn.out_proj"), H, value_dim);
       layer.conv_weight =
           backend.upload_weight(store.get(name("linear_attn.conv1d.weight")), conv_dim, c.conv_kernel);
@@ -64,9 +78,9 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
       layer.gdn_norm =
           upload_vector(backend, store, name("linear_attn.norm.weight"), c.linear_value_head_dim);
     } else {
-      layer.q_proj = linear_weight(backend, c, store, name("self_attn.q_proj"), 2 * q_dim, H);
-      layer.k_proj = linear_weight(backend, c, store, name("self_attn.k_proj"), kv_dim, H);
-      layer.v_proj = linear_weight(backend, c, store, name("self_attn.v_proj"), kv_dim, H);
+      layer.qkv_proj = stacked({{name("self_attn.q_proj"), 2 * q_dim},
+                                {name("self_attn.k_proj"), kv_dim},
+                                {name("self_attn.v_proj"), kv_dim}});
       layer.o_proj = linear_weight(backend, c, store, name("self_attn.o_proj"), H, q_dim);
       layer.q_norm = upload_vector(backend, store, name("self_attn.q_norm.weight"), c.head_dim);
       layer.k_norm = upload_vector(backend, store, name("self_attn.k_norm.weight"), c.head_dim);
@@ -96,9 +110,9 @@ struct Qwen35Model::Workspace {
   int64_t logit_capacity = 0;
   std::unique_ptr<Buffer> ids, positions;
   std::unique_ptr<Buffer> x, normed, mixer_out, mlp_out;
-  std::unique_ptr<Buffer> mlp_gate, mlp_up, mlp_act;
-  std::unique_ptr<Buffer> gdn_mixed, gdn_conv, gdn_z, gdn_b, gdn_a, gdn_beta, gdn_g, gdn_core, gdn_gated;
-  std::unique_ptr<Buffer> attn_qg, attn_q, attn_gate, attn_k, attn_v, attn_out;
+  std::unique_ptr<Buffer> mlp_gate_up, mlp_act;
+  std::unique_ptr<Buffer> gdn_qkvz, gdn_conv, gdn_ba, gdn_beta, gdn_g, gdn_core, gdn_gated;
+  std::unique_ptr<Buffer> attn_qkv, attn_q, attn_gate, attn_out;
   std::unique_ptr<Buffer> logits;
   std::vector<std::unique_ptr<Buffer>> hidden;
 };
@@ -147,7 +161,7 @@ bool Qwen35Model::ensure_pending(Qwen35State& state, int rows) {
   const Qwen35Config& c = config_;
   for (Qwen35State::Layer& s : state.layers) {
     if (!s.conv_state) continue;
-    s.pending_conv_in = backend_.alloc(DType::F32, rows, c.conv_dim());
+    s.pending_conv_in = backend_.alloc(DType::F32, rows, c.conv_dim() + c.linear_value_dim());
     s.pending_qkv = backend_.alloc(DType::F32, rows, c.conv_dim());
     s.pending_beta = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
     s.pending_g = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
@@ -174,25 +188,20 @@ bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
     make(ws.normed, T, H);
     make(ws.mixer_out, T, H);
     make(ws.mlp_out, T, H);
-    make(ws.mlp_gate, T, FF);
-    make(ws.mlp_up, T, FF);
+    make(ws.mlp_gate_up, T, 2 * FF);
     make(ws.mlp_act, T, FF);
     if (c.conv_dim() > 0) {
-      make(ws.gdn_mixed, T, c.conv_dim());
+      make(ws.gdn_qkvz, T, c.conv_dim() + vd);
       make(ws.gdn_conv, T, c.conv_dim());
-      make(ws.gdn_z, T, vd);
-      make(ws.gdn_b, T, nv);
-      make(ws.gdn_a, T, nv);
+      make(ws.gdn_ba, T, 2 * nv);
       make(ws.gdn_beta, T, nv);
       make(ws.gdn_g, T, nv);
       make(ws.gdn_core, T, vd);
       make(ws.gdn_gated, T, vd);
     }
-    make(ws.attn_qg, T, 2 * q_dim);
+    make(ws.attn_qkv, T, 2 * q_dim + 2 * kv_dim);
     make(ws.attn_q, T, q_dim);
     make(ws.attn_gate, T, q_dim);
-    make(ws.attn_k, T, kv_dim);
-    make(ws.attn_v, T, kv_dim);
     make(ws.attn_out, T, q_dim);
     ws.hidden.clear();
     ws.capacity = T;
@@ -209,11 +218,10 @@ bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
 
 void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out) {
   const int64_t T = x.rows;
-  Tensor gate = first_rows(ws_->mlp_gate, T), up = first_rows(ws_->mlp_up, T),
-         act = first_rows(ws_->mlp_act, T);
-  backend_.linear(gate, x, layer.mlp_gate);
-  backend_.linear(up, x, layer.mlp_up);
-  backend_.silu_mul(act, gate, up);
+  const int64_t FF = config_.intermediate_size;
+  Tensor gate_up = first_rows(ws_->mlp_gate_up, T), act = first_rows(ws_->mlp_act, T);
+  stacked_linear(backend_, gate_up, x, layer.mlp_gate_up);
+  backend_.silu_mul(act, gate_up.cols_view(0, FF), gate_up.cols_view(FF, FF));
   backend_.linear(out, act, layer.mlp_down);
 }
 
@@ -224,16 +232,16 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
   // A verify step keeps what the recurrence reads (conv input and output, beta, g) for commit's replay.
-  Tensor mixed = view(advance ? ws.gdn_mixed : state.pending_conv_in);
+  Tensor qkvz = view(advance ? ws.gdn_qkvz : state.pending_conv_in);
   Tensor conv = view(advance ? ws.gdn_conv : state.pending_qkv);
   Tensor beta = view(advance ? ws.gdn_beta : state.pending_beta);
   Tensor g = view(advance ? ws.gdn_g : state.pending_g);
-  Tensor z = view(ws.gdn_z), b = view(ws.gdn_b), a = view(ws.gdn_a);
-  Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
-  backend_.linear(mixed, x, layer.in_proj_qkv);
-  backend_.linear(z, x, layer.in_proj_z);
-  backend_.linear(b, x, layer.in_proj_b);
-  backend_.linear(a, x, layer.in_proj_a);
+  Tensor ba = view(ws.gdn_ba), core = view(ws.gdn_core), gated = view(ws.gdn_gated);
+  const int64_t nv = c.linear_num_value_heads;
+  Tensor mixed = qkvz.cols_view(0, c.conv_dim()), z = qkvz.cols_view(c.conv_dim(), c.linear_value_dim());
+  Tensor b = ba.cols_view(0, nv), a = ba.cols_view(nv, nv);
+  stacked_linear(backend_, qkvz, x, layer.in_proj_qkvz);
+  stacked_linear(backend_, ba, x, layer.in_proj_ba);
   backend_.conv1d_silu(conv, mixed, state.conv_state->tensor(), layer.conv_weight, advance);
   backend_.gdn_gates(beta, g, b, a, layer.a_log, layer.dt_bias);
   backend_.gated_delta_rule(core, conv, beta, g, state.recurrent_state->tensor(), gdn_shape(c), advance);
@@ -247,12 +255,12 @@ void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& 
   const int64_t T = x.rows;
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
-  Tensor qg = view(ws.attn_qg), q = view(ws.attn_q), gate = view(ws.attn_gate);
-  Tensor k = view(ws.attn_k), v = view(ws.attn_v), o = view(ws.attn_out);
+  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  Tensor qkv = view(ws.attn_qkv), q = view(ws.attn_q), gate = view(ws.attn_gate), o = view(ws.attn_out);
+  Tensor qg = qkv.cols_view(0, 2 * q_dim), k = qkv.cols_view(2 * q_dim, kv_dim),
+         v = qkv.cols_view(2 * q_dim + kv_dim, kv_dim);
   Tensor positions = view(ws.positions);
-  backend_.linear(qg, x, layer.q_proj);
-  backend_.linear(k, x, layer.k_proj);
-  backend_.linear(v, x, layer.v_proj);
+  stacked_linear(backend_, qkv, x, layer.qkv_proj);
   backend_.split_query_gate(q, gate, qg, c.head_dim);
   backend_.rmsnorm(q, q, layer.q_norm, c.rms_norm_eps, true);
   backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, true);
@@ -316,7 +324,8 @@ void Qwen35Model::commit(Qwen35State& state, int rows) {
         Qwen35State::Layer& s = state.layers[i];
         if (layer.type != LayerType::LinearAttention) continue;
         // The outputs are the verify step's again; only the states matter.
-        backend_.conv1d_silu(first_rows(ws_->gdn_conv, rows), first_rows(s.pending_conv_in, rows),
+        backend_.conv1d_silu(first_rows(ws_->gdn_conv, rows),
+                             first_rows(s.pending_conv_in, rows).cols_view(0, config_.conv_dim()),
                              s.conv_state->tensor(), layer.conv_weight, true);
         backend_.gated_delta_rule(first_rows(ws_->gdn_core, rows), first_rows(s.pending_qkv, rows),
                                   first_rows(s.pending_beta, rows), first_rows(s.pending_g, rows),
@@ -354,26 +363,26 @@ void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
   Tensor mixer_out = first_rows(ws.mixer_out, T);
   Tensor mlp_out = first_rows(ws.mlp_out, T);
   backend_.embed(x, weights_.embed, first_rows(ws.ids, T));
+  backend_.rmsnorm(normed, x, weights_.layers.front().input_norm, c.rms_norm_eps, true);
+  // Each residual add is fused with the norm that follows it: the post-attention norm, then the next
+  // layer's input norm (the final norm after the last layer).
   for (int i = 0; i < c.num_layers; ++i) {
     const Qwen35Layer& layer = weights_.layers[size_t(i)];
-    backend_.rmsnorm(normed, x, layer.input_norm, c.rms_norm_eps, true);
     if (layer.type == LayerType::LinearAttention)
       gated_delta_net(layer, state.layers[size_t(i)], normed, mixer_out, advance);
     else
       gated_attention(layer, state.layers[size_t(i)], normed, mixer_out);
-    backend_.add(x, x, mixer_out);
-    backend_.rmsnorm(normed, x, layer.post_attention_norm, c.rms_norm_eps, true);
+    backend_.add_rmsnorm(normed, x, mixer_out, layer.post_attention_norm, c.rms_norm_eps, true);
     mlp(layer, normed, mlp_out);
-    backend_.add(x, x, mlp_out);
+    const Tensor& next_norm =
+        i + 1 < c.num_layers ? weights_.layers[size_t(i) + 1].input_norm : weights_.final_norm;
+    backend_.add_rmsnorm(normed, x, mlp_out, next_norm, c.rms_norm_eps, true);
     for (size_t h = 0; h < hidden_layers.size(); ++h)
       if (hidden_layers[h] == i) backend_.copy(first_rows(ws.hidden[h], T), x);
   }
-  if (logit_rows > 0) {
-    Tensor rows = x.rows_view(T - logit_rows, logit_rows);
-    Tensor head_in = normed.rows_view(0, logit_rows);
-    backend_.rmsnorm(head_in, rows, weights_.final_norm, c.rms_norm_eps, true);
-    backend_.linear(first_rows(ws.logits, logit_rows), head_in, weights_.lm_head);
-  }
+  if (logit_rows > 0)
+    backend_.linear(first_rows(ws.logits, logit_rows), normed.rows_view(T - logit_rows, logit_rows),
+                    weights_.lm_head);
 }
 
 }  // namespace qspec

@@ -10,6 +10,7 @@
 
 #include "backend/ops.h"
 #include "io/model_config.h"
+#include "model/weight_upload.h"
 
 namespace qspec {
 
@@ -19,17 +20,21 @@ struct Qwen35Layer {
   LayerType type = LayerType::LinearAttention;
   Tensor input_norm;
   Tensor post_attention_norm;
-  LinearWeight mlp_gate, mlp_up, mlp_down;
+  StackedLinear mlp_gate_up;  // [gate | up]
+  LinearWeight mlp_down;
 
   // Gated DeltaNet (linear attention)
-  LinearWeight in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+  StackedLinear in_proj_qkvz;  // [qkv (the conv input) | z]
+  StackedLinear in_proj_ba;    // [b | a]
+  LinearWeight out_proj;
   Tensor conv_weight;  // [conv_dim, kernel]
   Tensor dt_bias;      // [1, nv]
   Tensor a_log;        // [1, nv]
   Tensor gdn_norm;     // [1, dv]
 
   // gated full attention
-  LinearWeight q_proj, k_proj, v_proj, o_proj;
+  StackedLinear qkv_proj;  // [q_proj (query and gate per head) | k_proj | v_proj]
+  LinearWeight o_proj;
   Tensor q_norm, k_norm;  // [1, head_dim]
 };
 
@@ -38,6 +43,7 @@ struct Qwen35Weights {
   Tensor final_norm;
   LinearWeight lm_head;  // the embedding when tied
   std::vector<Qwen35Layer> layers;
+  std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights
 };
 
 // Everything a sequence carries between steps: per attention layer the KV cache, per GDN layer the conv and
@@ -46,9 +52,9 @@ struct Qwen35State {
   struct Layer {
     std::unique_ptr<Buffer> k_cache, v_cache;             // [max_context, nkv * head_dim]
     std::unique_ptr<Buffer> conv_state, recurrent_state;  // [conv_dim, kernel-1], [nv * dk, dv]
-    // The GDN inputs of the pending verify step's rows, replayed by Qwen35Model::commit: the conv input
-    // (in_proj_qkv output) [rows, conv_dim], the conv output (q | k | v) [rows, conv_dim], beta and g [rows,
-    // nv].
+    // The GDN inputs of the pending verify step's rows, replayed by Qwen35Model::commit: the in_proj_qkvz
+    // output [rows, conv_dim + value_dim] whose first conv_dim columns are the conv input, the conv output
+    // (q | k | v) [rows, conv_dim], beta and g [rows, nv].
     std::unique_ptr<Buffer> pending_conv_in, pending_qkv, pending_beta, pending_g;
   };
   std::vector<Layer> layers;

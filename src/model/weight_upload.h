@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "backend/ops.h"
 #include "io/checkpoint.h"
@@ -15,5 +18,23 @@ Tensor upload_vector(Backend& backend, const TensorStore& store, const std::stri
 // A Linear module found by find_linear (dense or W4A16) as a LinearWeight [out_features, in_features].
 LinearWeight upload_linear(Backend& backend, const LinearTensors& found, int64_t out_features,
                            int64_t in_features);
+
+// Linear modules that read the same input, computed as one: their weights stacked along out_features when
+// they share a format (one weight read and one launch instead of several), else kept apart. Module i's
+// features are columns offsets[i] .. of the output.
+struct StackedLinear {
+  std::vector<LinearWeight> parts;  // one when stacked
+  std::vector<int64_t> part_offsets;
+  std::vector<int64_t> offsets;
+  int64_t out_features = 0;
+};
+
+// The stacked weights live in buffers appended to `storage`.
+StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTensors> modules,
+                                    std::span<const int64_t> out_features, int64_t in_features,
+                                    std::vector<std::unique_ptr<Buffer>>& storage);
+
+// out [T, stacked.out_features] = x W^T for every module.
+void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked);
 
 }  // namespace qspec

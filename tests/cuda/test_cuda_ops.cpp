@@ -159,6 +159,22 @@ TEST(CudaOps, RmsNorm) {
       [](const Tensor& t) { return t.cols_view(0, 2560); }, kReductionTolerance);
 }
 
+// x += delta; out = rmsnorm(x): both outputs against the CPU (residual exact: one fp32 add per element).
+TEST(CudaOps, AddRmsNorm) {
+  std::mt19937 rng(31);
+  auto& b = backends();
+  const WeightPair weight = b.weight(DType::BF16, 1, 2560, random_floats(rng, 2560, -0.5f, 0.5f));
+  for (int tokens : {1, 3, 16, 65}) {
+    const TensorPair x = b.activation(tokens, 2560, random_floats(rng, tokens * 2560, -3.0f, 3.0f));
+    const TensorPair delta = b.activation(tokens, 2560, random_floats(rng, tokens * 2560, -1.0f, 1.0f));
+    TensorPair out = b.poisoned(tokens, 2560);
+    on_both([&](const Side& s) { s.backend.add_rmsnorm(s(out), s(x), s(delta), s(weight), 1e-6f, true); });
+    compare("add_rmsnorm", fmt::format("add_rmsnorm [{}, 2560] residual", tokens), x, kExact);
+    compare("add_rmsnorm", fmt::format("add_rmsnorm [{}, 2560] norm (1 + w)", tokens), out,
+            kReductionTolerance);
+  }
+}
+
 TEST(CudaOps, GatedRmsNorm) {
   std::mt19937 rng(4);
   auto& b = backends();

@@ -26,6 +26,8 @@ class CpuBackend final : public Backend {
   void embed(const Tensor& out, const Tensor& table, const Tensor& ids) override;
   void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps,
                bool unit_offset) override;
+  void add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight, float eps,
+                   bool unit_offset) override;
   void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) override;

@@ -42,6 +42,14 @@ void CpuBackend::rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weigh
   });
 }
 
+// Exactly add, then rmsnorm: the fused op exists for the GPU's sake.
+void CpuBackend::add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
+                             float eps, bool unit_offset) {
+  check_add_rmsnorm_args(out, x, delta, weight);
+  add(x, x, delta);
+  rmsnorm(out, x, weight, eps, unit_offset);
+}
+
 void CpuBackend::gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                                float eps) {
   check_norm_args("gated_rmsnorm", out, x, weight);

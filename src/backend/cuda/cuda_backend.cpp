@@ -131,6 +131,13 @@ class CudaBackend final : public Backend {
     check_cuda(launch_rmsnorm(out, x, weight, Tensor{}, eps, unit_offset, stream()), "rmsnorm");
   }
 
+  void add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight, float eps,
+                   bool unit_offset) override {
+    check_add_rmsnorm_args(out, x, delta, weight);
+    require_rows_limit("add_rmsnorm", x.rows);
+    check_cuda(launch_add_rmsnorm(out, x, delta, weight, eps, unit_offset, stream()), "add_rmsnorm");
+  }
+
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                      float eps) override {
     check_norm("gated_rmsnorm", out, x, weight);

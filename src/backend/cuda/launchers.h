@@ -20,6 +20,9 @@ cudaError_t launch_kv_store(const Tensor& cache, const Tensor& x, const Tensor& 
 // norm.cu: RMSNorm over groups of weight.cols columns; the gated form when z is non-empty.
 cudaError_t launch_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                            float eps, bool unit_offset, cudaStream_t stream);
+// x += delta, then out = rmsnorm(x) (x updated in place).
+cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
+                               float eps, bool unit_offset, cudaStream_t stream);
 
 // linear.cu: out = x W^T, dense (BF16/F16/F32 weight [N, K]) or W4A16 (packed I32 [N, K/8] + scales).
 cudaError_t launch_dense_linear(const Tensor& out, const Tensor& x, const Tensor& weight,
