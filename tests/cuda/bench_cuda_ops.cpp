@@ -165,21 +165,48 @@ int run(const char* out_path) {
       results.push_back(entry(fmt::format("linear BF16 M={} N={} K={}", rows, kN, kK), bytes, seconds));
     }
   }
-  // Gated delta rule, one decode token, 24 layers' states in turn (2 MiB each, read and written).
+  // Gated delta rule, Qwen3.5-4B shape. Decode (T = 1) and a verify block (T = 16): 24 layers' states in turn
+  // (2 MiB each, read and written), the recurrence. Prefill (T = 2048, 8192): one layer's inputs, the chunked
+  // kernels; per layer and for 24 layers, with the chunked form's matrix FLOPs (per head and 64-token chunk
+  // 4C^2 dk + 4C^2 (dk + dv) + 6C dk dv, C = 64, counted once although each runs as 3 TF32 products).
   {
     constexpr int kLayers = 24;
+    constexpr int64_t kQkvCols = 8192, kHeads = 32, kDim = 128, kChunk = 64;
     const GdnShape shape{16, 32, 128, 128};
-    const Tensor qkv = bench.activation(1, 8192, -1, 1);
-    const Tensor beta = bench.activation(1, 32, 0.1f, 0.9f);
-    const Tensor g = bench.activation(1, 32, -1.0f, -0.01f);
-    const Tensor out = bench.activation(1, 4096, -1, 1);
     std::vector<Tensor> states;
-    for (int i = 0; i < kLayers; ++i) states.push_back(bench.activation(32 * 128, 128, -0.5f, 0.5f));
-    const double seconds = bench.time([&] {
-      for (const Tensor& state : states) backend->gated_delta_rule(out, qkv, beta, g, state, shape, true);
-    }) / kLayers;
-    const double bytes = 2.0 * 32 * 128 * 128 * 4 + 4.0 * (8192 + 64 + 4096);
-    results.push_back(entry("gated_delta_rule T=1 nv 32 dk=dv=128 (state r+w)", bytes, seconds));
+    for (int i = 0; i < kLayers; ++i) states.push_back(bench.activation(kHeads * kDim, kDim, -0.5f, 0.5f));
+    for (int64_t tokens : {1, 16}) {
+      const Tensor qkv = bench.activation(tokens, kQkvCols, -1, 1);
+      const Tensor beta = bench.activation(tokens, kHeads, 0.1f, 0.9f);
+      const Tensor g = bench.activation(tokens, kHeads, -1.0f, -0.01f);
+      const Tensor out = bench.activation(tokens, kHeads * kDim, -1, 1);
+      const double seconds = bench.time([&] {
+        for (const Tensor& state : states) backend->gated_delta_rule(out, qkv, beta, g, state, shape, true);
+      }) / kLayers;
+      const double bytes = 2.0 * kHeads * kDim * kDim * 4 +
+                           4.0 * static_cast<double>(tokens * (kQkvCols + 2 * kHeads + kHeads * kDim));
+      results.push_back(
+          entry(fmt::format("gated_delta_rule T={} nv 32 dk=dv=128 (state r+w)", tokens), bytes, seconds));
+    }
+    for (int64_t tokens : {2048, 8192}) {
+      const Tensor qkv = bench.activation(tokens, kQkvCols, -1, 1);
+      const Tensor beta = bench.activation(tokens, kHeads, 0.1f, 0.9f);
+      const Tensor g = bench.activation(tokens, kHeads, -1.0f, -0.01f);
+      const Tensor out = bench.activation(tokens, kHeads * kDim, -1, 1);
+      const double seconds =
+          bench.time([&] { backend->gated_delta_rule(out, qkv, beta, g, states[0], shape, true); });
+      const double chunk_flops =
+          4.0 * kChunk * kChunk * kDim + 4.0 * kChunk * kChunk * 2 * kDim + 6.0 * kChunk * kDim * kDim;
+      const double flops = chunk_flops * kHeads * static_cast<double>((tokens + kChunk - 1) / kChunk);
+      const std::string name = fmt::format("gated_delta_rule prefill T={} nv 32 dk=dv=128", tokens);
+      fmt::print("{:<58} {:>10.3f} ms/layer {:>8.2f} ms/24 layers {:>6.1f} TFLOP/s\n", name, seconds * 1e3,
+                 seconds * 1e3 * kLayers, flops / seconds / 1e12);
+      results.push_back({{"op", name},
+                         {"us", seconds * 1e6},
+                         {"ms_24_layers", seconds * 1e3 * kLayers},
+                         {"flops", flops},
+                         {"TFLOP_per_s", flops / seconds / 1e12}});
+    }
   }
   // Attention of Qwen3.5-4B (16 query heads, 4 KV heads of 256, F32 caches of 32k rows): a decode row and a
   // 16-row verify block at the end of 4096 / 32768 cached positions, 8 layers' caches in turn (bytes: the K

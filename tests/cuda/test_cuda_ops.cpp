@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 #include "backend/cpu/gated_delta_rule.h"
+#include "backend/cuda/launchers.h"
 #include "op_check.h"
 
 namespace qspec::cuda_test {
@@ -32,9 +33,10 @@ constexpr double kLinearTolerance = 5e-5;
 // More than kLinearMmaMaxRows rows of x with BF16 or W4A16 weights: one cuBLAS BF16 product, x and the
 // dequantized weights rounded to BF16 (8 significant bits): ~2^-9 relative per term.
 constexpr double kGemmLinearTolerance = 1e-2;
-// The recurrence over up to 65 tokens, summation order differing per token, against the CPU recurrence.
+// The recurrence over up to 63 tokens, summation order differing per token, against the CPU recurrence.
 constexpr double kRecurrentGdnTolerance = 5e-5;
-// Against the CPU op, which uses HF's chunked algorithm for T > 1 (the same math in another form).
+// One algorithm against the other (HF's chunked form on the CPU beyond 16 tokens, the CUDA chunked kernels
+// from 64), up to 3,000 tokens: the same math in another form and order.
 constexpr double kChunkedGdnTolerance = 2e-4;
 
 Backends& backends() {
@@ -594,45 +596,135 @@ TEST(CudaOps, GdnGates) {
   }
 }
 
+// The gated delta rule's random inputs of one shape and length (q, k, v in [-1, 1], beta in [0.05, 0.95], g
+// in
+// [-2, -0.01], a non-zero state), on both backends.
+struct GdnCase {
+  GdnShape shape;
+  int64_t tokens;
+  std::vector<float> initial_state;
+  TensorPair qkv, beta, g;
+
+  GdnCase(std::mt19937& rng, const GdnShape& s, int64_t t)
+      : shape(s),
+        tokens(t),
+        initial_state(random_floats(rng, state_rows() * s.value_head_dim, -0.5f, 0.5f)),
+        qkv(backends().activation(t, qkv_cols(), random_floats(rng, t * qkv_cols(), -1.0f, 1.0f))),
+        beta(backends().activation(t, s.num_value_heads,
+                                   random_floats(rng, t * s.num_value_heads, 0.05f, 0.95f))),
+        g(backends().activation(t, s.num_value_heads,
+                                random_floats(rng, t * s.num_value_heads, -2.0f, -0.01f))) {}
+
+  int64_t qkv_cols() const {
+    return 2 * int64_t{shape.num_key_heads} * shape.key_head_dim +
+           int64_t{shape.num_value_heads} * shape.value_head_dim;
+  }
+  int64_t state_rows() const { return int64_t{shape.num_value_heads} * shape.key_head_dim; }
+  int64_t out_cols() const { return int64_t{shape.num_value_heads} * shape.value_head_dim; }
+  TensorPair fresh_state() const {
+    return backends().activation(state_rows(), shape.value_head_dim, initial_state);
+  }
+  std::string label() const {
+    return fmt::format("gated_delta_rule nk {} nv {} dk {} dv {} T={}", shape.num_key_heads,
+                       shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, tokens);
+  }
+};
+
+// Every CUDA path against the CPU op: the recurrence (T < cuda::kGdnChunkedMinTokens = 64: decode, verify,
+// replay) and the chunked kernels (T >= 64; T = 3000 crosses the 2,048-token workspace segment), on the 4B
+// shape and on small ones with nk != nv and dk != dv (padded head dims). The CPU op is recurrent up to 16
+// tokens, chunked beyond: where both sides run the recurrence the tolerance is kRecurrentGdnTolerance, else
+// kChunkedGdnTolerance (the same math in another form; the CUDA chunked products are 3xTF32, ~fp32). Where
+// the CUDA side is recurrent past 16 tokens it is also held to the CPU recurrence. Output and state both.
 TEST(CudaOps, GatedDeltaRule) {
   std::mt19937 rng(14);
   auto& b = backends();
-  const std::vector<GdnShape> shapes = {{16, 32, 128, 128}, {2, 4, 32, 32}, {3, 6, 64, 48}};
-  for (const GdnShape& shape : shapes) {
-    const int64_t qkv_cols = 2 * int64_t{shape.num_key_heads} * shape.key_head_dim +
-                             int64_t{shape.num_value_heads} * shape.value_head_dim;
-    const int64_t state_rows = int64_t{shape.num_value_heads} * shape.key_head_dim;
-    const int64_t nv = shape.num_value_heads;
-    for (int tokens : {1, 63, 65}) {
-      const std::vector<float> initial_state =
-          random_floats(rng, state_rows * shape.value_head_dim, -0.5f, 0.5f);
-      const TensorPair qkv =
-          b.activation(tokens, qkv_cols, random_floats(rng, tokens * qkv_cols, -1.0f, 1.0f));
-      const TensorPair beta = b.activation(tokens, nv, random_floats(rng, tokens * nv, 0.05f, 0.95f));
-      const TensorPair g = b.activation(tokens, nv, random_floats(rng, tokens * nv, -2.0f, -0.01f));
-      TensorPair state = b.activation(state_rows, shape.value_head_dim, initial_state);
-      TensorPair out = b.poisoned(tokens, nv * shape.value_head_dim);
+  struct Case {
+    GdnShape shape;
+    std::vector<int64_t> tokens;
+  };
+  const std::vector<Case> cases = {
+      {{16, 32, 128, 128}, {1, 3, 16, 40, 63, 64, 65, 200, 3000}},
+      {{2, 4, 32, 32}, {1, 16, 63, 64, 65, 200}},
+      {{3, 6, 64, 48}, {1, 3, 63, 64, 65, 200, 2100}},
+  };
+  for (const Case& c : cases) {
+    for (int64_t tokens : c.tokens) {
+      const GdnCase in(rng, c.shape, tokens);
+      TensorPair state = in.fresh_state();
+      TensorPair out = b.poisoned(tokens, in.out_cols());
       on_both([&](const Side& s) {
-        s.backend.gated_delta_rule(s(out), s(qkv), s(beta), s(g), s(state), shape, true);
+        s.backend.gated_delta_rule(s(out), s(in.qkv), s(in.beta), s(in.g), s(state), c.shape, true);
       });
-      const std::string label =
-          fmt::format("gated_delta_rule nk {} nv {} dk {} dv {} T={}", shape.num_key_heads, nv,
-                      shape.key_head_dim, shape.value_head_dim, tokens);
-      const double tolerance = tokens == 1 ? kRecurrentGdnTolerance : kChunkedGdnTolerance;
-      const std::string against = tokens == 1 ? "vs CPU op (recurrent)" : "vs CPU op (chunked)";
-      compare("gated_delta_rule", label + " out " + against, out, tolerance);
-      compare("gated_delta_rule", label + " state " + against, state, tolerance);
-      if (tokens == 1) continue;
-      // The same against the CPU recurrence, the algorithm the kernel implements.
-      TensorPair recurrent_state = b.activation(state_rows, shape.value_head_dim, initial_state);
-      TensorPair recurrent_out = b.poisoned(tokens, nv * shape.value_head_dim);
-      cpu::gated_delta_rule_recurrent(recurrent_out.cpu(), qkv.cpu(), beta.cpu(), g.cpu(),
-                                      recurrent_state.cpu(), shape);
-      expect_close("gated_delta_rule", label + " out vs CPU recurrence", b.read_gpu(out.gpu()),
-                   b.read_cpu(recurrent_out.cpu()), kRecurrentGdnTolerance);
-      expect_close("gated_delta_rule", label + " state vs CPU recurrence", b.read_gpu(state.gpu()),
-                   b.read_cpu(recurrent_state.cpu()), kRecurrentGdnTolerance);
+      const bool cuda_recurrent = tokens < cuda::kGdnChunkedMinTokens;
+      const bool both_recurrent = tokens <= cpu::kGdnRecurrentMaxTokens;
+      const double tolerance = both_recurrent ? kRecurrentGdnTolerance : kChunkedGdnTolerance;
+      const std::string against =
+          fmt::format("(CUDA {}) vs CPU op ({})", cuda_recurrent ? "recurrent" : "chunked",
+                      both_recurrent ? "recurrent" : "chunked");
+      compare("gated_delta_rule", in.label() + " out " + against, out, tolerance);
+      compare("gated_delta_rule", in.label() + " state " + against, state, tolerance);
+      if (!cuda_recurrent || both_recurrent) continue;
+      TensorPair recurrent_state = in.fresh_state();
+      TensorPair recurrent_out = b.poisoned(tokens, in.out_cols());
+      cpu::gated_delta_rule_recurrent(recurrent_out.cpu(), in.qkv.cpu(), in.beta.cpu(), in.g.cpu(),
+                                      recurrent_state.cpu(), c.shape);
+      expect_close("gated_delta_rule", in.label() + " out (CUDA recurrent) vs CPU recurrence",
+                   b.read_gpu(out.gpu()), b.read_cpu(recurrent_out.cpu()), kRecurrentGdnTolerance);
+      expect_close("gated_delta_rule", in.label() + " state (CUDA recurrent) vs CPU recurrence",
+                   b.read_gpu(state.gpu()), b.read_cpu(recurrent_state.cpu()), kRecurrentGdnTolerance);
     }
+  }
+}
+
+// update_state false (a verify step): the state is only read, bit for bit, and the output is exactly that of
+// the updating call, on each path (recurrent, chunked in one segment, chunked over two segments whose state
+// is carried in the workspace).
+TEST(CudaOps, GatedDeltaRuleWithoutStateUpdate) {
+  std::mt19937 rng(15);
+  auto& b = backends();
+  for (int64_t tokens : {16, 200, 3000}) {
+    const GdnCase in(rng, {16, 32, 128, 128}, tokens);
+    TensorPair state = in.fresh_state();
+    TensorPair kept_out = b.poisoned(tokens, in.out_cols()), updated_out = b.poisoned(tokens, in.out_cols());
+    b.gpu().gated_delta_rule(kept_out.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), state.gpu(), in.shape,
+                             false);
+    expect_close("gated_delta_rule", in.label() + " update_state false: state unchanged",
+                 b.read_gpu(state.gpu()), in.initial_state, kExact);
+    b.gpu().gated_delta_rule(updated_out.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), state.gpu(),
+                             in.shape, true);
+    expect_close("gated_delta_rule", in.label() + " update_state false: out equals the updating call's",
+                 b.read_gpu(kept_out.gpu()), b.read_gpu(updated_out.gpu()), kExact);
+  }
+}
+
+// Replaying accepted tokens must rebuild the state of the verify bit for bit: 16 tokens in one call equal the
+// same tokens fed in calls of 1 and of 3 + 13 (rows and final state).
+TEST(CudaOps, GatedDeltaRuleTokensIndependentOfCall) {
+  std::mt19937 rng(16);
+  auto& b = backends();
+  const GdnCase in(rng, {16, 32, 128, 128}, 16);
+  TensorPair together_state = in.fresh_state();
+  TensorPair together = b.poisoned(16, in.out_cols());
+  b.gpu().gated_delta_rule(together.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), together_state.gpu(),
+                           in.shape, true);
+  const std::vector<std::vector<int64_t>> splits = {std::vector<int64_t>(16, 1), {3, 13}};
+  for (const std::vector<int64_t>& split : splits) {
+    TensorPair state = in.fresh_state();
+    TensorPair out = b.poisoned(16, in.out_cols());
+    int64_t first = 0;
+    for (int64_t count : split) {
+      b.gpu().gated_delta_rule(out.gpu().rows_view(first, count), in.qkv.gpu().rows_view(first, count),
+                               in.beta.gpu().rows_view(first, count), in.g.gpu().rows_view(first, count),
+                               state.gpu(), in.shape, true);
+      first += count;
+    }
+    const std::string name =
+        fmt::format("{} in calls of {}", in.label(), split.size() == 16 ? "1" : "3 + 13");
+    expect_close("gated_delta_rule", name + ": out equals one call's", b.read_gpu(out.gpu()),
+                 b.read_gpu(together.gpu()), kExact);
+    expect_close("gated_delta_rule", name + ": state equals one call's", b.read_gpu(state.gpu()),
+                 b.read_gpu(together_state.gpu()), kExact);
   }
 }
 

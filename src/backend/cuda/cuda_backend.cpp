@@ -56,8 +56,8 @@ class CudaBackend final : public Backend {
     if (devices == 0) fail("CUDA: no CUDA device is visible");
     int device = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&max_shared_bytes_, cudaDevAttrMaxSharedMemoryPerBlock, device),
-               "cudaDeviceGetAttribute(max shared memory per block)");
+    check_cuda(cudaDeviceGetAttribute(&max_shared_bytes_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "cudaDeviceGetAttribute(max shared memory per block, opt-in)");
     cudaDeviceProp properties{};
     check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
     device_name_ = properties.name;
@@ -248,12 +248,21 @@ class CudaBackend final : public Backend {
                         const Tensor& state, const GdnShape& shape, bool update_state) override {
     const auto& [nk, nv, dk, dv] = shape;
     check_gdn_shape(shape);
-    if (gated_delta_rule_shared_bytes(dk) > static_cast<size_t>(max_shared_bytes_))
-      fail("gated_delta_rule: key_head_dim {} needs {} bytes of shared memory per block, the device has {}",
-           dk, gated_delta_rule_shared_bytes(dk), max_shared_bytes_);
     check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
-    check_cuda(launch_gated_delta_rule(out, qkv, beta, g, state, nk, nv, dk, dv, update_state, stream()),
-               "gated_delta_rule");
+    if (qkv.rows >= kGdnChunkedMinTokens && gated_delta_rule_chunked_fits(dk, dv, max_shared_bytes_)) {
+      const size_t bytes = gated_delta_rule_chunked_workspace_bytes(qkv.rows, nv, dk, dv);
+      // Grows rarely (the first prefill of a longer prompt); cudaFree of the old one waits for its users.
+      if (bytes > gdn_workspace_.bytes()) gdn_workspace_ = DeviceMemory(bytes);
+      check_cuda(launch_gated_delta_rule_chunked(out, qkv, beta, g, state, nk, nv, dk, dv, update_state,
+                                                 gdn_workspace_.data(), stream()),
+                 "gated_delta_rule (chunked)");
+      return;
+    }
+    if (dk > kGdnRecurrentMaxKeyDim)
+      fail("gated_delta_rule: key_head_dim {} is above the CUDA backend's {}", dk, kGdnRecurrentMaxKeyDim);
+    check_cuda(
+        launch_gated_delta_rule_recurrent(out, qkv, beta, g, state, nk, nv, dk, dv, update_state, stream()),
+        "gated_delta_rule");
   }
 
  private:
@@ -273,10 +282,11 @@ class CudaBackend final : public Backend {
   }
 
   std::string device_name_;
-  int max_shared_bytes_ = 0;
+  int max_shared_bytes_ = 0;  // per block, with the opt-in above the 48 KB default
   std::unique_ptr<CudaStream> stream_;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
   DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
+  DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters
   std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use

@@ -98,13 +98,25 @@ cudaError_t launch_conv1d_silu(const Tensor& out, const Tensor& x, const Tensor&
 cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                              const Tensor& a_log, const Tensor& dt_bias, cudaStream_t stream);
 
-// gated_delta_rule.cu: the per-token recurrence, sequential over T in one launch; one block per (value head,
-// slab of 32 state columns), the slab of the fp32 state held in shared memory for the whole sequence and
-// written back only when update_state.
-size_t gated_delta_rule_shared_bytes(int key_head_dim);
-cudaError_t launch_gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                    const Tensor& state, int num_key_heads, int num_value_heads,
-                                    int key_head_dim, int value_head_dim, bool update_state,
-                                    cudaStream_t stream);
+// Gated delta rule; the fp32 state is written back only when update_state. Calls of fewer than
+// kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does not
+// depend on T; longer ones the chunked form where it fits the device.
+inline constexpr int64_t kGdnChunkedMinTokens = 64;
+// gated_delta_rule.cu: the per-token recurrence in one launch; block = (value head, 16 state columns), the
+// slab in registers. key_head_dim <= kGdnRecurrentMaxKeyDim.
+inline constexpr int kGdnRecurrentMaxKeyDim = 256;
+cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta,
+                                              const Tensor& g, const Tensor& state, int num_key_heads,
+                                              int num_value_heads, int key_head_dim, int value_head_dim,
+                                              bool update_state, cudaStream_t stream);
+// gated_delta_rule_chunked.cu: chunks of 64 tokens (WY form) on tensor cores (3xTF32), head dims <= 128;
+// `workspace` holds gated_delta_rule_chunked_workspace_bytes(...).
+bool gated_delta_rule_chunked_fits(int key_head_dim, int value_head_dim, int max_shared_bytes);
+size_t gated_delta_rule_chunked_workspace_bytes(int64_t tokens, int num_value_heads, int key_head_dim,
+                                               int value_head_dim);
+cudaError_t launch_gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta,
+                                            const Tensor& g, const Tensor& state, int num_key_heads,
+                                            int num_value_heads, int key_head_dim, int value_head_dim,
+                                            bool update_state, void* workspace, cudaStream_t stream);
 
 }  // namespace qspec::cuda

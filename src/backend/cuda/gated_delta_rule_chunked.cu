@@ -1,0 +1,715 @@
+// The gated delta rule over a long sequence (prefill) in chunks of C = 64 tokens: HF's and FLA's WY form, the
+// algorithm of the CPU reference (cpu/gated_delta_rule.cpp, chunked_head), with the chunk matrix products on
+// tensor cores. Per value head and chunk, with G the cumulative log-decay inside the chunk:
+//   A   = strict_lower(beta_i k_i.k_j e^(G_i - G_j)),  Aqk = lower(q_i.k_j e^(G_i - G_j)),  T = (I + A)^-1
+//   W   = T (k beta e^G),  U = T (v beta)                                   (depend only on the chunk)
+//   Q'  = q e^G - Aqk W,   U' = Aqk U                                       (ditto)
+//   out = U' + Q' S,       S <- e^(G_last) S + (k e^(G_last - G))^T (U - W S)
+// which is HF's  out = (q e^G) S + Aqk (U - W S)  with the chunk-local products folded into Q' and U'.
+//
+// Two kernels per segment of up to kChunksPerSegment chunks:
+//  - prepare (grid chunks x value heads, fully parallel): L2-normalises q and k, builds A, Aqk, T (T by
+//    substitution, 4 threads per column), W, U, Q', U' and writes them to a workspace: W;Q' and
+//    (k e^(G_last-G))^T in mma fragment order (one coalesced 16-byte load per lane and tile later), U;U'
+//    row-major, and G_last.
+//  - state pass (grid value heads x slabs of 32 state columns, sequential over the chunks): keeps its
+//    [dk, 32] slab of S in mma accumulators, per chunk X = [W; Q'] S (128 x 32 x dk), out = U' + X_Q',
+//    v_new = U - X_W, S = e^(G_last) S + K~^T v_new (dk x 32 x 64); the next chunk's fragments are loaded
+//    during the state update.
+// Every product that feeds the state or the output runs as 3xTF32 (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi =
+// tf32(x), lo = tf32(x - hi): ~2^-21 relative per product, fp32-like), accumulated in fp32. Head dims are
+// padded with zeros to D = 32, 64 or 128 (a template parameter); rows past the sequence are zeros, as in HF.
+//
+// Prediction (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128), per layer: prepare ~17 MFLOP of 3xTF32
+// mma + a 64-step substitution per (head, chunk), one 155 KB block per SM: ~10 us per wave of 132 blocks
+// -> ~0.1 ms at T = 2048, ~0.35 ms at T = 8192; state pass 128 blocks, ~2.5 us per chunk (2,300 mma per
+// block, 112 KB of fragments from L2) -> ~0.08 ms at 2048, ~0.32 ms at 8192. 24 layers: ~4.5 ms at 2048,
+// ~16 ms at 8192 (the recurrence: ~20 ms and ~80 ms).
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace qspec::cuda {
+
+namespace {
+
+constexpr int kChunk = 64;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kSlab = 32;              // state columns per block of the state pass
+constexpr int kChunksPerSegment = 32;  // 2,048 tokens of workspace at a time
+constexpr int kBlock = 16;             // T = (I + A)^-1 is built in blocks of 16 x 16
+constexpr int kSquareLd = kChunk + 4;  // row stride of [C, C] tiles: rows g and g + 1 on other banks
+constexpr int kSplitLd = kSlab + 8;  // row stride of k-major split operands: rows t and t + 1 on other banks
+constexpr float kL2NormEps = 1e-6f;
+
+// ---- 3xTF32 mma.sync m16n8k8 (sm_80+). Lane = (g = lane / 4, t = lane % 4).
+// A (16 x 8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4].
+// B (8 x 8): b0 = B[t][g], b1 = B[t+4][g].  C: c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 =
+// C[g+8][2t+1].
+
+__device__ inline uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+struct Split {
+  uint32_t hi, lo;
+};
+
+__device__ inline Split split_tf32(float x) {
+  const uint32_t hi = to_tf32(x);
+  return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+
+struct FragmentA {
+  uint32_t hi[4], lo[4];
+};
+struct FragmentB {
+  uint32_t hi[2], lo[2];
+};
+
+__device__ inline FragmentA split_a(float a0, float a1, float a2, float a3) {
+  const float values[4] = {a0, a1, a2, a3};
+  FragmentA f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const Split s = split_tf32(values[i]);
+    f.hi[i] = s.hi;
+    f.lo[i] = s.lo;
+  }
+  return f;
+}
+
+__device__ inline FragmentB split_b(float b0, float b1) {
+  const Split s0 = split_tf32(b0), s1 = split_tf32(b1);
+  return {{s0.hi, s1.hi}, {s0.lo, s1.lo}};
+}
+
+__device__ inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a b, small terms first.
+__device__ inline void mma_3xtf32(float (&d)[4], const FragmentA& a, const FragmentB& b) {
+  mma_tf32(d, a.lo, b.hi);
+  mma_tf32(d, a.hi, b.lo);
+  mma_tf32(d, a.hi, b.hi);
+}
+
+// A fragment (rows m0.., columns k0..) of a row-major fp32 tile in shared memory.
+__device__ inline FragmentA load_a(const float* tile, int ld, int m0, int k0, int g, int t) {
+  const float* p = tile + (m0 + g) * ld + k0 + t;
+  return split_a(p[0], p[8 * ld], p[4], p[8 * ld + 4]);
+}
+
+// The workspace of one segment. Record r = head * chunks + chunk holds:
+//   wq     [2C, D] in A-fragment order: rows 0..C-1 = W, rows C..2C-1 = Q'
+//   k_t    [D, C]  in A-fragment order: (k e^(G_last - G))^T
+//   uu     [2C, D] row-major: rows 0..C-1 = U, rows C..2C-1 = U'
+//   g_last [1]
+// A-fragment order of an [M, K] matrix: tile (m16, k8) = mt * (K / 8) + kt, then lane, then the 4 values
+// (a0..a3) of that lane: one float4 per lane and tile.
+struct ChunkWorkspace {
+  float* wq;
+  float* k_t;
+  float* uu;
+  float* g_last;
+};
+
+template <int D>
+constexpr size_t record_floats() {
+  return 2 * kChunk * D + D * kChunk + 2 * kChunk * D + 1;
+}
+
+ChunkWorkspace chunk_workspace(float* base, int records, int head_dim) {
+  const size_t n = static_cast<size_t>(records) * kChunk * static_cast<size_t>(head_dim);
+  return {base, base + 2 * n, base + 3 * n, base + 5 * n};
+}
+
+template <int D>
+struct PrepareLayout {
+  static constexpr int kRowLd = D + 4;  // q, k, v rows: rows g and g + 1 on other banks
+  static constexpr int kQuery = 0;
+  static constexpr int kKey = kQuery + kChunk * kRowLd;
+  static constexpr int kValue = kKey + kChunk * kRowLd;
+  static constexpr int kA = kValue + kChunk * kRowLd;
+  static constexpr int kAqk = kA + kChunk * kSquareLd;
+  static constexpr int kInverse = kAqk + kChunk * kSquareLd;
+  static constexpr int kCumulativeG = kInverse + kChunk * kSquareLd;
+  static constexpr int kBeta = kCumulativeG + kChunk;
+  static constexpr int kGrowth = kBeta + kChunk;         // e^G
+  static constexpr int kKeyDecay = kGrowth + kChunk;     // e^(G_last - G)
+  static constexpr int kBlockSums = kKeyDecay + kChunk;  // sum_k A_ik T_kj of up to 3 blocks of T
+  static constexpr int kFloats = kBlockSums + 3 * kBlock * kBlock;
+};
+
+// One (chunk, value head) of a segment: everything of the chunk that does not depend on the state.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    gdn_chunk_prepare_kernel(const float* qkv, int64_t qkv_stride, const float* beta, int64_t beta_stride,
+                             const float* g, int64_t g_stride, int64_t tokens, int num_key_heads,
+                             int num_value_heads, int dk, int dv, float query_scale, ChunkWorkspace ws) {
+  using L = PrepareLayout<D>;
+  constexpr int ld = L::kRowLd;
+  extern __shared__ float shared[];
+  float* query = shared + L::kQuery;
+  float* key = shared + L::kKey;
+  float* value = shared + L::kValue;
+  float* a = shared + L::kA;
+  float* aqk = shared + L::kAqk;
+  float* inverse = shared + L::kInverse;
+  float* cumulative_g = shared + L::kCumulativeG;
+  float* row_beta = shared + L::kBeta;
+  float* growth = shared + L::kGrowth;
+  float* key_decay = shared + L::kKeyDecay;
+  float* block_sums = shared + L::kBlockSums;
+
+  const int chunk = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y);
+  const int chunks = static_cast<int>(gridDim.x);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int gq = lane / 4, tq = lane % 4;
+  const int64_t first = static_cast<int64_t>(chunk) * kChunk;
+  const int len = static_cast<int>(tokens - first < kChunk ? tokens - first : kChunk);
+  const int key_head = head / (num_value_heads / num_key_heads);
+  const int64_t q_offset = static_cast<int64_t>(key_head) * dk;
+  const int64_t k_offset = static_cast<int64_t>(num_key_heads) * dk + q_offset;
+  const int64_t v_offset = 2 * static_cast<int64_t>(num_key_heads) * dk + static_cast<int64_t>(head) * dv;
+
+  // 1. q, k (L2-normalised, q scaled), v; beta and the cumulative log-decay. Rows past the end are zeros. A
+  // warp takes rows warp + 8 rr; all its loads are issued before the first row's sums.
+  constexpr int kRowsPerWarp = kChunk / kWarps, kPerLane = D / kWarpSize;
+  {
+    float qv[kRowsPerWarp][kPerLane], kv[kRowsPerWarp][kPerLane], vv[kRowsPerWarp][kPerLane];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp + kWarps * rr;
+      const float* row = qkv + (first + r) * qkv_stride;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        const int i = lane + kWarpSize * e;
+        qv[rr][e] = r < len && i < dk ? row[q_offset + i] : 0.0f;
+        kv[rr][e] = r < len && i < dk ? row[k_offset + i] : 0.0f;
+        vv[rr][e] = r < len && i < dv ? row[v_offset + i] : 0.0f;
+      }
+    }
+    if (tid < kChunk) {
+      row_beta[tid] = tid < len ? beta[(first + tid) * beta_stride + head] : 0.0f;
+      cumulative_g[tid] = tid < len ? g[(first + tid) * g_stride + head] : 0.0f;
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp + kWarps * rr;
+      float query_squares = 0.0f, key_squares = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        query_squares += qv[rr][e] * qv[rr][e];
+        key_squares += kv[rr][e] * kv[rr][e];
+      }
+      const float query_factor = 1.0f / sqrtf(warp_sum(query_squares) + kL2NormEps);
+      const float key_factor = 1.0f / sqrtf(warp_sum(key_squares) + kL2NormEps);
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        const int i = lane + kWarpSize * e;
+        query[r * ld + i] = qv[rr][e] * query_factor * query_scale;
+        key[r * ld + i] = kv[rr][e] * key_factor;
+        value[r * ld + i] = vv[rr][e];
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float running = 0.0f;  // the CPU's order: a running fp32 sum
+    for (int r = 0; r < kChunk; ++r) {
+      running += cumulative_g[r];
+      cumulative_g[r] = running;
+    }
+  }
+  __syncthreads();
+
+  // 2. K K^T and Q K^T (64 x 64 x D), lower triangle only; A and Aqk with beta and the decay.
+  {
+    if (tid < kChunk) {
+      growth[tid] = expf(cumulative_g[tid]);
+      key_decay[tid] = expf(cumulative_g[kChunk - 1] - cumulative_g[tid]);
+    }
+    const int mt = warp % 4, n_base = (warp / 4) * 32;
+    float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll 4
+    for (int k0 = 0; k0 < D; k0 += 8) {
+      const FragmentA ak = load_a(key, ld, 16 * mt, k0, gq, tq);
+      const FragmentA aq = load_a(query, ld, 16 * mt, k0, gq, tq);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int n0 = n_base + 8 * nt;
+        if (n0 > 16 * mt + 15) continue;
+        const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k]
+        const FragmentB b = split_b(p[0], p[4]);
+        mma_3xtf32(kk[nt], ak, b);
+        mma_3xtf32(qk[nt], aq, b);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * mt + gq + 8 * (e / 2), j = n_base + 8 * nt + 2 * tq + e % 2;
+        const float decay = j <= i ? expf(cumulative_g[i] - cumulative_g[j]) : 0.0f;
+        a[i * kSquareLd + j] = j < i ? kk[nt][e] * row_beta[i] * decay : 0.0f;
+        aqk[i * kSquareLd + j] = j <= i ? qk[nt][e] * decay : 0.0f;
+      }
+  }
+  __syncthreads();
+
+  const int record = head * chunks + chunk;
+
+  // 3. (k e^(G_last - G))^T to the workspace in fragment order, and T = (I + A)^-1 in blocks of 16 (L = I +
+  // A): the diagonal blocks T_ii = L_ii^-1 by substitution (row r of T_ii is e_r - sum_{p<r} A[r][p] T[p];
+  // column j belongs to the 4 lanes 4j..4j+3 of one warp, the p sum split four ways, so rows pass on with
+  // __syncwarp), then the blocks below by their distance d from the diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik
+  // T_kj. Blocks above the diagonal are never read.
+  {
+    float4* k_t = reinterpret_cast<float4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk);
+    for (int index = tid; index < (D / 16) * (kChunk / 8) * kWarpSize; index += kThreads) {
+      const int tile = index / kWarpSize, l = index % kWarpSize;
+      const int i = (tile / (kChunk / 8)) * 16 + l / 4, t = (tile % (kChunk / 8)) * 8 + l % 4;
+      k_t[index] =
+          make_float4(key[t * ld + i] * key_decay[t], key[t * ld + i + 8] * key_decay[t],
+                      key[(t + 4) * ld + i] * key_decay[t + 4], key[(t + 4) * ld + i + 8] * key_decay[t + 4]);
+    }
+    const int column = tid / 4, part = tid % 4, block_first = column / kBlock * kBlock;
+    if (part == 0)
+      for (int r = block_first; r <= column; ++r) inverse[r * kSquareLd + column] = r == column ? 1.0f : 0.0f;
+    __syncwarp();
+    for (int i = block_first + 1; i < block_first + kBlock; ++i) {
+      float sum = 0.0f;
+      for (int p = column + part; p < i; p += 4)
+        sum += a[i * kSquareLd + p] * inverse[p * kSquareLd + column];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (part == 0 && column < i) inverse[i * kSquareLd + column] = -sum;
+      __syncwarp();
+    }
+    __syncthreads();
+    constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock;
+    for (int d = 1; d < kBlocks; ++d) {
+      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kThreads) {
+        const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
+        float sum = 0.0f;
+        for (int q = kBlock * j; q < kBlock * i; ++q)
+          sum += a[(kBlock * i + r) * kSquareLd + q] * inverse[q * kSquareLd + kBlock * j + c];
+        block_sums[e] = sum;
+      }
+      __syncthreads();
+      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kThreads) {
+        const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
+        float sum = 0.0f;
+        for (int m = 0; m <= r; ++m)
+          sum += inverse[(kBlock * i + r) * kSquareLd + kBlock * i + m] *
+                 block_sums[j * kBlockSize + m * kBlock + c];
+        inverse[(kBlock * i + r) * kSquareLd + kBlock * j + c] = -sum;
+      }
+      __syncthreads();
+    }
+  }
+
+  // Stages 4 and 5: C = L [X | Y] (64 x 2D x 64, L lower triangular: a k step of 8 meets m tile mt only when
+  // k < 16 mt + 16). A warp takes all 4 m tiles of kTilesPerWarp n tiles, all in one half (X or Y), so every
+  // warp does the same work; acc[mt][nt] is its tile (mt, warp * kTilesPerWarp + nt).
+  constexpr int kTilesPerWarp = 2 * D / 8 / kWarps;
+  const int half = warp / (kWarps / 2), n_first = (warp % (kWarps / 2)) * kTilesPerWarp * 8;
+  float* uu = ws.uu + static_cast<size_t>(record) * 2 * kChunk * D;
+
+  // 4. [W | U] = T [k beta e^G | v beta].
+  {
+    float acc[4][kTilesPerWarp][4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += 8) {
+      const int p0 = k0 + tq, p1 = p0 + 4;
+      FragmentB b[kTilesPerWarp];
+#pragma unroll
+      for (int nt = 0; nt < kTilesPerWarp; ++nt) {
+        const int n = n_first + 8 * nt + gq;
+        b[nt] = half == 0 ? split_b(key[p0 * ld + n] * row_beta[p0] * growth[p0],
+                                    key[p1 * ld + n] * row_beta[p1] * growth[p1])
+                          : split_b(value[p0 * ld + n] * row_beta[p0], value[p1 * ld + n] * row_beta[p1]);
+      }
+#pragma unroll
+      for (int mt = k0 / 16; mt < 4; ++mt) {
+        const FragmentA at = load_a(inverse, kSquareLd, 16 * mt, k0, gq, tq);
+#pragma unroll
+        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_3xtf32(acc[mt][nt], at, b[nt]);
+      }
+    }
+    __syncthreads();
+    float* target = half == 0 ? key : value;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kTilesPerWarp; ++nt) {
+        const int i = 16 * mt + gq, j = n_first + 8 * nt + 2 * tq;
+        const float* c = acc[mt][nt];
+        target[i * ld + j] = c[0];
+        target[i * ld + j + 1] = c[1];
+        target[(i + 8) * ld + j] = c[2];
+        target[(i + 8) * ld + j + 1] = c[3];
+        if (half == 1) {
+          *reinterpret_cast<float2*>(uu + i * D + j) = make_float2(c[0], c[1]);
+          *reinterpret_cast<float2*>(uu + (i + 8) * D + j) = make_float2(c[2], c[3]);
+        }
+      }
+  }
+  __syncthreads();
+
+  // 5. Aqk [W | U]: Q' = q e^G - Aqk W (into `query`), U' = Aqk U (to the workspace).
+  {
+    float acc[4][kTilesPerWarp][4] = {};
+    const float* source = half == 0 ? key : value;
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += 8) {
+      FragmentB b[kTilesPerWarp];
+#pragma unroll
+      for (int nt = 0; nt < kTilesPerWarp; ++nt) {
+        const float* p = source + (k0 + tq) * ld + n_first + 8 * nt + gq;
+        b[nt] = split_b(p[0], p[4 * ld]);
+      }
+#pragma unroll
+      for (int mt = k0 / 16; mt < 4; ++mt) {
+        const FragmentA aa = load_a(aqk, kSquareLd, 16 * mt, k0, gq, tq);
+#pragma unroll
+        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_3xtf32(acc[mt][nt], aa, b[nt]);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kTilesPerWarp; ++nt) {
+        const int i = 16 * mt + gq, j = n_first + 8 * nt + 2 * tq;
+        const float* c = acc[mt][nt];
+        if (half == 0) {
+          query[i * ld + j] = query[i * ld + j] * growth[i] - c[0];
+          query[i * ld + j + 1] = query[i * ld + j + 1] * growth[i] - c[1];
+          query[(i + 8) * ld + j] = query[(i + 8) * ld + j] * growth[i + 8] - c[2];
+          query[(i + 8) * ld + j + 1] = query[(i + 8) * ld + j + 1] * growth[i + 8] - c[3];
+        } else {
+          *reinterpret_cast<float2*>(uu + (kChunk + i) * D + j) = make_float2(c[0], c[1]);
+          *reinterpret_cast<float2*>(uu + (kChunk + i + 8) * D + j) = make_float2(c[2], c[3]);
+        }
+      }
+  }
+  __syncthreads();
+
+  // 6. [W; Q'] to the workspace in fragment order; G_last.
+  {
+    float4* wq = reinterpret_cast<float4*>(ws.wq + static_cast<size_t>(record) * 2 * kChunk * D);
+    for (int index = tid; index < (2 * kChunk / 16) * (D / 8) * kWarpSize; index += kThreads) {
+      const int tile = index / kWarpSize, l = index % kWarpSize;
+      const int r = (tile / (D / 8)) * 16 + l / 4, c = (tile % (D / 8)) * 8 + l % 4;
+      const float* p = r < kChunk ? key + r * ld + c : query + (r - kChunk) * ld + c;
+      wq[index] = make_float4(p[0], p[8 * ld], p[4], p[8 * ld + 4]);
+    }
+    if (tid == 0) ws.g_last[record] = cumulative_g[kChunk - 1];
+  }
+}
+
+// The state pass's shared memory: S and v_new split for the mma B operand, and the chunk's [W; Q'] fragments
+// and U;U' slab, copied in (cp.async) while the previous chunk's state update runs.
+template <int D>
+struct StateLayout {
+  static constexpr int kStateHi = 0;
+  static constexpr int kStateLo = kStateHi + D * kSplitLd;
+  static constexpr int kNewValueHi = kStateLo + D * kSplitLd;
+  static constexpr int kNewValueLo = kNewValueHi + kChunk * kSplitLd;
+  static constexpr int kWq = kNewValueLo + kChunk * kSplitLd;  // [2C, D] in fragment order
+  static constexpr int kUu = kWq + 2 * kChunk * D;             // [2C, kSplitLd]: the slab's columns of U;U'
+  static constexpr int kWords = kUu + 2 * kChunk * kSplitLd;
+};
+
+__device__ inline void copy_async_16(void* shared_destination, const void* global_source) {
+  const auto destination = static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global_source));
+}
+
+// d += a b with the hi * hi products in `main` and the two corrections in `correction` (shorter chains).
+__device__ inline void mma_3xtf32(float (&main)[4], float (&correction)[4], const FragmentA& a,
+                                  const FragmentB& b) {
+  mma_tf32(correction, a.lo, b.hi);
+  mma_tf32(correction, a.hi, b.lo);
+  mma_tf32(main, a.hi, b.hi);
+}
+
+// One (value head, slab of 32 state columns): the slab of S through all chunks of a segment.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    gdn_chunk_state_kernel(float* out, int64_t out_stride, const float* state_in, int64_t state_in_stride,
+                           float* state_out, int64_t state_out_stride, int64_t tokens, int dk, int dv,
+                           ChunkWorkspace ws) {
+  using L = StateLayout<D>;
+  constexpr int kKeyTiles = D / 8;            // k8 steps of X = [W; Q'] S
+  constexpr int kStateWarps = D / 16;         // warps owning 16 rows of S
+  extern __shared__ uint32_t state_shared[];  // StateLayout<D>::kWords
+  uint32_t* state_hi = state_shared + L::kStateHi;
+  uint32_t* state_lo = state_shared + L::kStateLo;
+  uint32_t* new_value_hi = state_shared + L::kNewValueHi;
+  uint32_t* new_value_lo = state_shared + L::kNewValueLo;
+  auto* wq_staged = reinterpret_cast<float*>(state_shared + L::kWq);
+  auto* uu_staged = reinterpret_cast<float*>(state_shared + L::kUu);
+
+  const int head = static_cast<int>(blockIdx.x), slab = static_cast<int>(blockIdx.y);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int gq = lane / 4, tq = lane % 4;
+  const int column0 = slab * kSlab;
+  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
+  const bool owns_state = warp < kStateWarps;
+
+  // S rows 16 warp + gq (+8), columns 8 nt + 2 tq (+1) of the slab.
+  float s[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * warp + gq + 8 * (e / 2), c = column0 + 8 * nt + 2 * tq + e % 2;
+      s[nt][e] = owns_state && i < dk && c < dv
+                     ? state_in[(static_cast<int64_t>(head) * dk + i) * state_in_stride + c]
+                     : 0.0f;
+    }
+
+  const auto stage_chunk = [&](int chunk) {
+    const size_t record = static_cast<size_t>(head) * chunks + chunk;
+    const float* wq = ws.wq + record * 2 * kChunk * D;
+    for (int index = tid; index < 2 * kChunk * D / 4; index += kThreads)
+      copy_async_16(wq_staged + 4 * index, wq + 4 * index);
+    const float* uu = ws.uu + record * 2 * kChunk * D + column0;
+    for (int index = tid; index < 2 * kChunk * kSlab / 4; index += kThreads) {
+      const int row = index / (kSlab / 4), quad = index % (kSlab / 4);
+      copy_async_16(uu_staged + row * kSplitLd + 4 * quad, uu + row * D + 4 * quad);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  stage_chunk(0);
+
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const size_t record = static_cast<size_t>(head) * chunks + chunk;
+    if (owns_state) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * warp + gq + 8 * (e / 2), c = 8 * nt + 2 * tq + e % 2;
+          const Split split = split_tf32(s[nt][e]);
+          state_hi[i * kSplitLd + c] = split.hi;
+          state_lo[i * kSplitLd + c] = split.lo;
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+
+    // The state update's operands, loaded while X is computed.
+    float4 kt_fragments[kChunk / 8];
+    float g_last = 0.0f;
+    if (owns_state) {
+      const float4* k_t = reinterpret_cast<const float4*>(ws.k_t + record * D * kChunk);
+#pragma unroll
+      for (int kt = 0; kt < kChunk / 8; ++kt)
+        kt_fragments[kt] = __ldg(k_t + (warp * (kChunk / 8) + kt) * kWarpSize + lane);
+      g_last = __ldg(ws.g_last + record);
+    }
+
+    // X = [W; Q'] S for rows 16 warp.. (128 x 32 x D).
+    float x[4][4] = {}, x_correction[4][4] = {};
+    const float4* wq_fragments = reinterpret_cast<const float4*>(wq_staged) + warp * kKeyTiles * kWarpSize;
+#pragma unroll
+    for (int kt = 0; kt < kKeyTiles; ++kt) {
+      const float4 f = wq_fragments[kt * kWarpSize + lane];
+      const FragmentA af = split_a(f.x, f.y, f.z, f.w);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
+        const FragmentB b{{state_hi[b0], state_hi[b1]}, {state_lo[b0], state_lo[b1]}};
+        mma_3xtf32(x[nt], x_correction[nt], af, b);
+      }
+    }
+
+    // v_new = U - X_W (rows < C) to shared memory, split; out = U' + X_Q' (rows >= C).
+    const int64_t chunk_first = static_cast<int64_t>(chunk) * kChunk;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + gq + 8 * h, c = 8 * nt + 2 * tq;
+        const float2 u = *reinterpret_cast<const float2*>(uu_staged + r * kSplitLd + c);
+        const float x0 = x[nt][2 * h] + x_correction[nt][2 * h];
+        const float x1 = x[nt][2 * h + 1] + x_correction[nt][2 * h + 1];
+        if (r < kChunk) {
+          const Split v0 = split_tf32(u.x - x0), v1 = split_tf32(u.y - x1);
+          new_value_hi[r * kSplitLd + c] = v0.hi;
+          new_value_lo[r * kSplitLd + c] = v0.lo;
+          new_value_hi[r * kSplitLd + c + 1] = v1.hi;
+          new_value_lo[r * kSplitLd + c + 1] = v1.lo;
+        } else {
+          const int64_t token = chunk_first + r - kChunk;
+          float* o = out + token * out_stride + static_cast<int64_t>(head) * dv + column0 + c;
+          if (token < tokens && column0 + c < dv) o[0] = u.x + x0;
+          if (token < tokens && column0 + c + 1 < dv) o[1] = u.y + x1;
+        }
+      }
+    __syncthreads();
+
+    if (chunk + 1 < chunks) stage_chunk(chunk + 1);
+
+    // S = e^(G_last) S + K~^T v_new  (D x 32 x 64).
+    if (owns_state) {
+      const float chunk_decay = expf(g_last);
+      float correction[4][4] = {};
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= chunk_decay;
+#pragma unroll
+      for (int kt = 0; kt < kChunk / 8; ++kt) {
+        const float4 f = kt_fragments[kt];
+        const FragmentA af = split_a(f.x, f.y, f.z, f.w);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
+          const FragmentB b{{new_value_hi[b0], new_value_hi[b1]}, {new_value_lo[b0], new_value_lo[b1]}};
+          mma_3xtf32(s[nt], correction[nt], af, b);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] += correction[nt][e];
+    }
+  }
+
+  if (state_out == nullptr || !owns_state) return;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * warp + gq + 8 * (e / 2), c = column0 + 8 * nt + 2 * tq + e % 2;
+      if (i < dk && c < dv)
+        state_out[(static_cast<int64_t>(head) * dk + i) * state_out_stride + c] = s[nt][e];
+    }
+}
+
+int padded_head_dim(int dk, int dv) {
+  const int d = dk > dv ? dk : dv;
+  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 0;
+}
+
+template <int D>
+size_t prepare_shared_bytes() {
+  return sizeof(float) * PrepareLayout<D>::kFloats;
+}
+
+template <int D>
+size_t state_shared_bytes() {
+  return sizeof(uint32_t) * StateLayout<D>::kWords;
+}
+
+template <int D>
+cudaError_t launch_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                           const Tensor& state, int num_key_heads, int num_value_heads, int dk, int dv,
+                           bool update_state, float* workspace, cudaStream_t stream) {
+  static const cudaError_t attribute_status = [] {
+    const cudaError_t status =
+        cudaFuncSetAttribute(gdn_chunk_prepare_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(prepare_shared_bytes<D>()));
+    return status != cudaSuccess
+               ? status
+               : cudaFuncSetAttribute(gdn_chunk_state_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(state_shared_bytes<D>()));
+  }();
+  if (attribute_status != cudaSuccess) return attribute_status;
+  const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+  const int64_t tokens = qkv.rows;
+  constexpr int64_t kSegmentTokens = int64_t{kChunksPerSegment} * kChunk;
+  const int segments = static_cast<int>((tokens + kSegmentTokens - 1) / kSegmentTokens);
+  // With more than one segment and update_state false, the state between segments lives in the workspace.
+  float* carried_state =
+      workspace + static_cast<size_t>(num_value_heads) * kChunksPerSegment * record_floats<D>();
+  const int64_t carried_stride = dv;
+  for (int segment = 0; segment < segments; ++segment) {
+    const int64_t first = segment * kSegmentTokens;
+    const int64_t segment_tokens = tokens - first < kSegmentTokens ? tokens - first : kSegmentTokens;
+    const int chunks = static_cast<int>((segment_tokens + kChunk - 1) / kChunk);
+    const ChunkWorkspace ws = chunk_workspace(workspace, num_value_heads * chunks, D);
+    gdn_chunk_prepare_kernel<D><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(num_value_heads)),
+                                  kThreads, prepare_shared_bytes<D>(), stream>>>(
+        qkv.ptr<const float>() + first * qkv.stride, qkv.stride,
+        beta.ptr<const float>() + first * beta.stride, beta.stride, g.ptr<const float>() + first * g.stride,
+        g.stride, segment_tokens, num_key_heads, num_value_heads, dk, dv, query_scale, ws);
+    const bool carried_in = segment > 0 && !update_state, last = segment + 1 == segments;
+    const float* state_in = carried_in ? carried_state : state.ptr<const float>();
+    const int64_t state_in_stride = carried_in ? carried_stride : state.stride;
+    float* state_out = update_state ? state.ptr<float>() : (last ? nullptr : carried_state);
+    const int64_t state_out_stride = update_state ? state.stride : carried_stride;
+    gdn_chunk_state_kernel<D>
+        <<<dim3(static_cast<unsigned>(num_value_heads), static_cast<unsigned>((dv + kSlab - 1) / kSlab)),
+           kThreads, state_shared_bytes<D>(), stream>>>(out.ptr<float>() + first * out.stride, out.stride,
+                                                        state_in, state_in_stride, state_out,
+                                                        state_out_stride, segment_tokens, dk, dv, ws);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool gated_delta_rule_chunked_fits(int key_head_dim, int value_head_dim, int max_shared_bytes) {
+  const auto fits = [max_shared_bytes](size_t prepare, size_t state) {
+    return prepare <= static_cast<size_t>(max_shared_bytes) && state <= static_cast<size_t>(max_shared_bytes);
+  };
+  switch (padded_head_dim(key_head_dim, value_head_dim)) {
+    case 32:
+      return fits(prepare_shared_bytes<32>(), state_shared_bytes<32>());
+    case 64:
+      return fits(prepare_shared_bytes<64>(), state_shared_bytes<64>());
+    case 128:
+      return fits(prepare_shared_bytes<128>(), state_shared_bytes<128>());
+    default:
+      return false;
+  }
+}
+
+size_t gated_delta_rule_chunked_workspace_bytes(int64_t tokens, int num_value_heads, int key_head_dim,
+                                                int value_head_dim) {
+  const int d = padded_head_dim(key_head_dim, value_head_dim);
+  const int64_t chunks = (tokens + kChunk - 1) / kChunk;
+  const int64_t segment_chunks = chunks < kChunksPerSegment ? chunks : kChunksPerSegment;
+  const size_t record = 5 * static_cast<size_t>(kChunk) * d + 1;
+  const size_t carried = tokens > int64_t{kChunksPerSegment} * kChunk
+                             ? static_cast<size_t>(num_value_heads) * key_head_dim * value_head_dim
+                             : 0;
+  return sizeof(float) * (static_cast<size_t>(num_value_heads) * segment_chunks * record + carried);
+}
+
+cudaError_t launch_gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta,
+                                            const Tensor& g, const Tensor& state, int num_key_heads,
+                                            int num_value_heads, int key_head_dim, int value_head_dim,
+                                            bool update_state, void* workspace, cudaStream_t stream) {
+  if (qkv.rows == 0) return cudaSuccess;
+  auto* floats = static_cast<float*>(workspace);
+  switch (padded_head_dim(key_head_dim, value_head_dim)) {
+    case 32:
+      return launch_chunked<32>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
+                                value_head_dim, update_state, floats, stream);
+    case 64:
+      return launch_chunked<64>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
+                                value_head_dim, update_state, floats, stream);
+    case 128:
+      return launch_chunked<128>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
+                                 value_head_dim, update_state, floats, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace qspec::cuda
