@@ -51,13 +51,30 @@ run_on_gpu() {
     --gtest_brief=1 --gtest_filter='CudaOps.*' >"$OUT/memcheck.log" 2>&1 || memcheck_status=$?
   # Model steps on the synthetic Qwen3.5-4B (exact layout, random weights), W4A16 g32 and BF16.
   local model_status=0
+  mkdir -p "$OUT/records"  # qspec bench records, sent back as one archive (the device returns 8 files)
   for format in ${QSPEC_BENCH_FORMATS:-w4a16-g32 bf16}; do
     local dir=/tmp/qwen3.5-4b-$format
     { "$BUNDLE/qspec" synth --arch qwen3.5-4b --format "$format" --out "$dir" &&
       "$BUNDLE/qspec" inspect --model "$dir" &&
-      "$BUNDLE/qspec" bench --model "$dir" --backend cuda --prefill "${QSPEC_BENCH_PREFILL:-64,2048}" \
-        --out "$OUT"; } 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
+      "$BUNDLE/qspec" bench --model "$dir" --backend cuda --prefill "${QSPEC_BENCH_PREFILL:-64,2048,8192}" \
+        --out "$OUT/records"; } 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
   done
+  # Decode and verify at a 32k context, with the memory it takes (weights, state, workspaces).
+  if [ -d /tmp/qwen3.5-4b-w4a16-g32 ]; then
+    "$BUNDLE/qspec" bench --model /tmp/qwen3.5-4b-w4a16-g32 --backend cuda --context 32768 --prefill 64 \
+      --out "$OUT/records" 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
+  fi
+  # Speculative decoding on the W4A16 target: the DFlash drafter's layout (W4A16 g128), the draft and commit
+  # steps, then the competition protocol at oracle acceptance lengths.
+  local spec_status=0
+  local target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
+  if [ -d "$target" ]; then
+    { "$BUNDLE/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" &&
+      "$BUNDLE/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" --prefill 64 \
+        --out "$OUT/records" &&
+      "$BUNDLE/qspec" bench --model "$target" --backend cuda --e2e --acceptance 1,4,8,16 \
+        --e2e-runs "${QSPEC_E2E_RUNS:-5}" --out "$OUT/records"; } 2>&1 | tee "$OUT/spec.log" || spec_status=$?
+  fi
   python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
@@ -84,14 +101,20 @@ try:
     bench = json.loads((out / "cuda_bench.json").read_text())
     print(f"{bench['gpu']}, commit {bench['commit']}")
     for o in bench["ops"]:
-        print(f"{o['op']:<52}{o['us']:>9.1f} us{o['GB_per_s']:>8.0f} GB/s{100 * o['fraction_of_4_16_TB_per_s']:>6.1f}%")
+        if "GB_per_s" in o:
+            print(f"{o['op']:<60}{o['us']:>9.1f} us{o['GB_per_s']:>8.0f} GB/s{100 * o['fraction_of_4_16_TB_per_s']:>6.1f}%")
+        else:
+            print(f"{o['op']:<60}{o['us']:>9.1f} us  " + ", ".join(f"{k} {v}" for k, v in o.items() if k not in ("op", "us")))
 except (OSError, ValueError) as e:
     print(f"no timings: {e}")
 PY
   echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
-  grep -A8 '^step ' "$OUT/steps.log" | grep -v '^recorded' || true
-  echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status"
-  [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ] && [ "$model_status" -eq 0 ]
+  grep -E -A8 '^(memory|step) ' "$OUT/steps.log" | grep -v '^recorded' || true
+  grep -E '^(step|draft|commit|decode|verify|prefill|e2e|plain|accept)' "$OUT/spec.log" 2>/dev/null || true
+  tar czf "$OUT/records.tgz" -C "$OUT/records" . && rm -rf "$OUT/records"
+  echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status, speculative $spec_status"
+  [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ] &&
+    [ "$model_status" -eq 0 ] && [ "$spec_status" -eq 0 ]
 }
 
 record() {
@@ -102,7 +125,7 @@ record() {
   for name in cuda_checks cuda_bench; do
     [ -f "$from/$name.json" ] && cp "$from/$name.json" "bench/results/$stamp-h200-$name.json"
   done
-  cp "$from"/*-cuda-*.json bench/results/ 2>/dev/null || true
+  [ -f "$from/records.tgz" ] && tar xzf "$from/records.tgz" -C bench/results --wildcards '*.json'
   ls bench/results | grep "$stamp"
 }
 

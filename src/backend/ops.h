@@ -56,6 +56,8 @@ class Backend {
   virtual std::string name() const = 0;
   // The hardware it runs on, for benchmark records ("NVIDIA H200", the CPU model).
   virtual std::string device_name() const { return name(); }
+  // Bytes of device memory in use by the whole process (CUDA: its context included), -1 where not measured.
+  virtual int64_t device_memory_in_use() const { return -1; }
 
   // ---- memory
   virtual std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;
@@ -122,6 +124,9 @@ class Backend {
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;
+  // out_ids[r] = the index of row r's largest logit: logits F32 [rows, V] (V >= 1), out_ids I32 [rows, 1]. The
+  // lowest index on ties; the first NaN when the row holds one (backend/argmax.h, as torch.argmax).
+  virtual void argmax(const Tensor& out_ids, const Tensor& logits) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -119,6 +119,18 @@ double state_bytes(const Qwen35Config& c, int64_t context) {
   return gdn + kv;
 }
 
+// Bytes of the buffers a sequence's state holds: KV caches, GDN states, the pending verify rows.
+double allocated_state_bytes(const Qwen35State& state) {
+  double bytes = 0;
+  for (const Qwen35State::Layer& layer : state.layers)
+    for (const auto* buffer :
+         {&layer.k_cache, &layer.v_cache, &layer.conv_state, &layer.recurrent_state, &layer.pending_conv_in,
+          &layer.pending_qkv, &layer.pending_beta, &layer.pending_g})
+      if (*buffer)
+        bytes += double((*buffer)->tensor().numel()) * double(dtype_size((*buffer)->tensor().dtype));
+  return bytes;
+}
+
 // The competition protocol per category: warm-ups, then timed requests (prefill + decode) at temperature 0,
 // batch 1: plain decoding, then speculative decoding with oracle drafts at each acceptance length.
 std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& model, Backend& backend) {
@@ -178,6 +190,7 @@ void run_bench(const BenchArgs& args) {
       args.prefill.empty() ? 0 : *std::max_element(args.prefill.begin(), args.prefill.end());
   const int steps_context = args.context + (args.repeats + 1) * (1 + args.verify_tokens);
   auto state = model.new_state(std::max(max_prefill, steps_context));
+  const int64_t in_use_with_state = backend.device_memory_in_use();
   std::vector<StepResult> results;
   auto time_step = [&](StepResult& r, const std::function<void()>& step) {
     for (int i = 0; i < args.repeats + 1; ++i) {  // the first run warms up
@@ -243,6 +256,8 @@ void run_bench(const BenchArgs& args) {
     results.push_back(prefill);
   }
 
+  const int64_t in_use_after_steps = backend.device_memory_in_use();
+  const double state_allocated = allocated_state_bytes(*state);
   const std::string device = backend.device_name();
   nlohmann::json record = {
       {"device", device},
@@ -255,10 +270,21 @@ void run_bench(const BenchArgs& args) {
       {"context", args.context},
       {"repeats", args.repeats},
       {"step_graphs", !args.no_graphs && backend.can_capture()},
+      {"state_context", state->max_context},
+      {"state_bytes", state_allocated},
+      {"device_memory_in_use_with_state", in_use_with_state},
+      {"device_memory_in_use_after_steps", in_use_after_steps},
       {"steps", nlohmann::json::array()},
   };
   fmt::print("{} on {} ({}), weights {:.3f} GB, limit {:.0f} GB/s\n", args.model_dir, device, backend.name(),
              weight_bytes / 1e9, args.bandwidth_gbs);
+  if (in_use_with_state >= 0)
+    fmt::print(
+        "memory: weights {:.3f} GB, state for {} tokens {:.3f} GB (KV, GDN, pending verify rows); device in "
+        "use "
+        "{:.3f} GB with weights and state, {:.3f} GB after the steps (workspaces {:.3f} GB)\n",
+        weight_bytes / 1e9, state->max_context, state_allocated / 1e9, double(in_use_with_state) / 1e9,
+        double(in_use_after_steps) / 1e9, double(in_use_after_steps - in_use_with_state) / 1e9);
   fmt::print("{:<14} {:>7} {:>11} {:>11} {:>10} {:>9} {:>10}\n", "step", "tokens", "median ms", "limit ms",
              "GB/s", "% limit", "tok/s");
   for (const StepResult& r : results) {

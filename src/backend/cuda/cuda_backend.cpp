@@ -115,6 +115,12 @@ class CudaBackend final : public Backend {
 
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "synchronize"); }
 
+  int64_t device_memory_in_use() const override {
+    size_t free = 0, total = 0;
+    check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return static_cast<int64_t>(total - free);
+  }
+
   bool can_capture() const override { return true; }
   std::unique_ptr<StepGraph> capture(const std::function<void()>& record) override {
     return capture_graph(stream(), record);
