@@ -1,6 +1,8 @@
 #include "io/config_fields.h"
 
+#include <fstream>
 #include <limits>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -16,6 +18,23 @@ std::string json_excerpt(const nlohmann::json& value) {
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > kExcerptLength) text = text.substr(0, kExcerptLength) + "...";
   return text;
+}
+
+std::string read_config_text(const std::string& dir, std::string_view role) {
+  const std::string path = dir + "/config.json";
+  std::ifstream file(path, std::ios::binary);
+  if (!file) fail("cannot open {}: expected {} config.json there", path, role);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+nlohmann::json parse_config_json(const std::string& text, const std::string& source) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("{}: invalid JSON: {}", source, e.what());
+  }
 }
 
 ConfigFields::ConfigFields(const nlohmann::json& object, std::string source, std::string path)

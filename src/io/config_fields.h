@@ -11,6 +11,12 @@
 
 namespace qspec {
 
+// The text of DIR/config.json; `role` says whose it is in the error when it cannot be opened ("the model's").
+// A read that fails part-way (or a directory named config.json) leaves text that parse_config_json rejects.
+std::string read_config_text(const std::string& dir, std::string_view role);
+// JSON text parsed, or an error "SOURCE: invalid JSON: ...".
+nlohmann::json parse_config_json(const std::string& text, const std::string& source);
+
 // Views a JSON object, which must outlive it (and every ConfigFields made from it by object()).
 class ConfigFields {
  public:

@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "core/error.h"
 #include "io/config_fields.h"
@@ -64,21 +62,11 @@ void reject_sliding_layers(const ConfigFields& root, int num_layers) {
 }  // namespace
 
 DFlashConfig DFlashConfig::load(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  std::ifstream file(path, std::ios::binary);
-  if (!file) fail("cannot open {}: expected the drafter's config.json there", path);
-  std::ostringstream text;
-  text << file.rdbuf();
-  return parse(text.str(), path);
+  return parse(read_config_text(dir, "the drafter's"), dir + "/config.json");
 }
 
 DFlashConfig DFlashConfig::parse(const std::string& json_text, const std::string& source) {
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", source, e.what());
-  }
+  const nlohmann::json json = parse_config_json(json_text, source);
   ConfigFields root(json, source, "");
   const nlohmann::json& architectures = root.require("architectures", "[\"DFlashDraftModel\"]");
   if (!architectures.is_array() || architectures.empty() || architectures[0] != kArchitecture)

@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "core/error.h"
 #include "io/config_fields.h"
@@ -199,23 +197,11 @@ std::string Qwen35Config::layer_pattern() const {
 }
 
 Qwen35Config Qwen35Config::load(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  std::ifstream file(path, std::ios::binary);
-  if (!file) fail("cannot open {}: expected the model's config.json there", path);
-  // A read that fails part-way (or a directory named config.json) leaves text that parse rejects, naming
-  // path.
-  std::ostringstream text;
-  text << file.rdbuf();
-  return parse(text.str(), path);
+  return parse(read_config_text(dir, "the model's"), dir + "/config.json");
 }
 
 Qwen35Config Qwen35Config::parse(const std::string& json_text, const std::string& source) {
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", source, e.what());
-  }
+  const nlohmann::json json = parse_config_json(json_text, source);
   ConfigFields root(json, source, "");
 
   Qwen35Config config;
