@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -85,9 +86,19 @@ class CudaBackend final : public Backend {
     require_contiguous("write", "dst", dst);
     if (dst.numel() == 0) return;
     const size_t bytes = dst.row_bytes() * static_cast<size_t>(dst.rows);
-    check_cuda(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream()), "write");
-    // The caller may reuse `host` at once: wait for the copy (host memory here is pageable, not pinned).
-    check_cuda(cudaStreamSynchronize(stream()), "write (synchronize)");
+    // The caller may reuse `host` at once, so the bytes go through pinned staging memory, whose regions are
+    // reused only after a synchronisation: a step's small writes (ids, positions) then cost no wait.
+    if (bytes > kStagingBytes) {
+      check_cuda(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream()), "write");
+      synchronize();
+      return;
+    }
+    if (staging_used_ + bytes > kStagingBytes) synchronize();
+    if (staging_.bytes() == 0) staging_ = PinnedHostMemory(kStagingBytes);
+    void* slot = static_cast<char*>(staging_.data()) + staging_used_;
+    std::memcpy(slot, host, bytes);
+    staging_used_ += (bytes + 15) / 16 * 16;
+    check_cuda(cudaMemcpyAsync(dst.data, slot, bytes, cudaMemcpyHostToDevice, stream()), "write");
   }
 
   void read(void* host, const Tensor& src) override {
@@ -95,7 +106,7 @@ class CudaBackend final : public Backend {
     if (src.numel() == 0) return;
     const size_t bytes = src.row_bytes() * static_cast<size_t>(src.rows);
     check_cuda(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream()), "read");
-    check_cuda(cudaStreamSynchronize(stream()), "read (synchronize)");
+    synchronize();
   }
 
   void fill_zero(const Tensor& dst) override {
@@ -113,7 +124,10 @@ class CudaBackend final : public Backend {
                "copy");
   }
 
-  void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "synchronize"); }
+  void synchronize() override {
+    check_cuda(cudaStreamSynchronize(stream()), "synchronize");
+    staging_used_ = 0;  // every staged copy has completed
+  }
 
   int64_t device_memory_in_use() const override {
     size_t free = 0, total = 0;
@@ -291,6 +305,9 @@ class CudaBackend final : public Backend {
   int max_shared_bytes_ = 0;  // per block, with the opt-in above the 48 KB default
   std::unique_ptr<CudaStream> stream_;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
+  static constexpr size_t kStagingBytes = size_t{1} << 20;
+  PinnedHostMemory staging_;  // host bytes of write() in flight, made on first use
+  size_t staging_used_ = 0;
   DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
   DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear

@@ -40,6 +40,38 @@ void DeviceMemory::release() noexcept {
   bytes_ = 0;
 }
 
+PinnedHostMemory::PinnedHostMemory(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  cudaError_t status = cudaMallocHost(&data_, bytes);
+  if (status != cudaSuccess) {
+    data_ = nullptr;
+    fail("CUDA: cudaMallocHost of {} bytes: {}: {}", bytes, cudaGetErrorName(status),
+         cudaGetErrorString(status));
+  }
+}
+
+PinnedHostMemory::~PinnedHostMemory() {
+  release();
+}
+
+PinnedHostMemory::PinnedHostMemory(PinnedHostMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedHostMemory& PinnedHostMemory::operator=(PinnedHostMemory&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void PinnedHostMemory::release() noexcept {
+  if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
 CudaStream::CudaStream() {
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 }

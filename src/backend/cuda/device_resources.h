@@ -26,6 +26,26 @@ class DeviceMemory {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory: copies from it to the device are asynchronous.
+class PinnedHostMemory {
+ public:
+  PinnedHostMemory() = default;
+  explicit PinnedHostMemory(size_t bytes);
+  ~PinnedHostMemory();
+  PinnedHostMemory(PinnedHostMemory&& other) noexcept;
+  PinnedHostMemory& operator=(PinnedHostMemory&& other) noexcept;
+  PinnedHostMemory(const PinnedHostMemory&) = delete;
+  PinnedHostMemory& operator=(const PinnedHostMemory&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void release() noexcept;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class CudaStream {
  public:
   CudaStream();
