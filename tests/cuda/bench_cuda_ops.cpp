@@ -131,26 +131,33 @@ int run(const char* out_path) {
   Bench bench{*backend, {}, {}, {}};
   nlohmann::json results = nlohmann::json::array();
 
-  // W4A16 g32 linear: 8 matrices of gate_proj's shape [9216, 2560] in turn (94 MB + 12 MB of scales).
-  {
-    constexpr int64_t kN = 9216, kK = 2560, kGroup = 32, kMatrices = 8;
+  // W4A16 linear: 8 matrices of one shape in turn (> 100 MB with the scales, more than L2). gate/up
+  // [9216, 2560] and down [2560, 9216] (split K) g32, the drafter's g128 [9728, 2560].
+  struct W4a16Shape {
+    int64_t n, k, group;
+  };
+  for (const W4a16Shape shape :
+       {W4a16Shape{9216, 2560, 32}, W4a16Shape{2560, 9216, 32}, W4a16Shape{9728, 2560, 128}}) {
+    constexpr int kMatrices = 8;
+    const auto [n, k, group] = shape;
     std::vector<LinearWeight> weights;
     for (int i = 0; i < kMatrices; ++i)
-      weights.push_back({kN,
-                         kK,
+      weights.push_back({n,
+                         k,
                          {},
-                         bench.weight(DType::I32, kN, kK / 8, 0, 0),
-                         bench.weight(DType::BF16, kN, kK / kGroup, 0.002f, 0.02f),
-                         static_cast<int>(kGroup)});
+                         bench.weight(DType::I32, n, k / 8, 0, 0),
+                         bench.weight(DType::BF16, n, k / group, 0.002f, 0.02f),
+                         static_cast<int>(group)});
     for (int64_t rows : {1, 16}) {
-      const Tensor x = bench.activation(rows, kK, -1, 1);
-      const Tensor out = bench.activation(rows, kN, -1, 1);
+      const Tensor x = bench.activation(rows, k, -1, 1);
+      const Tensor out = bench.activation(rows, n, -1, 1);
       const double seconds = bench.time([&] {
         for (const LinearWeight& w : weights) backend->linear(out, x, w);
       }) / kMatrices;
-      const double bytes =
-          kN * kK / 2.0 + kN * (kK / kGroup) * 2.0 + 4.0 * static_cast<double>(rows * (kK + kN));
-      results.push_back(entry(fmt::format("linear W4A16 g32 M={} N={} K={}", rows, kN, kK), bytes, seconds));
+      const double bytes = static_cast<double>(n * k) / 2.0 + static_cast<double>(n * (k / group)) * 2.0 +
+                           4.0 * static_cast<double>(rows * (k + n));
+      results.push_back(
+          entry(fmt::format("linear W4A16 g{} M={} N={} K={}", group, rows, n, k), bytes, seconds));
     }
   }
   // Dense BF16 linear [32768, 2560] (168 MB; the LM head's shape with fewer rows).

@@ -266,6 +266,10 @@ TEST(CudaOps, LinearW4A16) {
       {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
       {2560, 9216, 32, DType::BF16, {8, 9, 64, 300}},  // tensor cores: row halves, passes, split K; cuBLAS
       {1000, 4096, 128, DType::F16, {2, 17, 129}},  // features not a multiple of the 16-feature tile
+      // cp.async stages: K not a multiple of the 512-k stage, N not of the 16-feature tile, split K
+      {1000, 2624, 32, DType::F16, {1, 3, 8, 9, 16, 17, 64}},
+      {1000, 4352, 128, DType::BF16, {1, 3, 8, 9, 16, 17, 64}},
+      {9728, 2560, 128, DType::BF16, {1, 8, 9, 16}},  // the drafter's g128 shape: 1 and 3 tiles per warp
   };
   for (const Case& c : cases) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
@@ -307,6 +311,29 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
     const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
     expect_close("linear", fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}",
                                        w->quantized() ? "W4A16 g32" : "BF16", n, k),
+                 batch, single, kExact);
+  }
+}
+
+// The same for rows that take different feature groupings (1 tile per warp at 1 row, 3 at 8-16 rows) on
+// the gate/up shape without split K.
+TEST(CudaOps, LinearRowsIndependentOfTileGrouping) {
+  std::mt19937 rng(62);
+  auto& b = backends();
+  const int64_t n = 9216, k = 2560;
+  std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
+  for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
+  const WeightPair packed = b.weight(DType::I32, n, k / 8, std::move(packed_bytes));
+  const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
+  const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32};
+  for (int64_t rows : {8, 9, 16}) {
+    const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
+    TensorPair together = b.poisoned(rows, n), alone = b.poisoned(rows, n);
+    b.gpu().linear(together.gpu(), x.gpu(), quantized);
+    for (int64_t r = 0; r < rows; ++r)
+      b.gpu().linear(alone.gpu().rows_view(r, 1), x.gpu().rows_view(r, 1), quantized);
+    const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
+    expect_close("linear", fmt::format("linear W4A16 g32 M={} rows vs M=1 each, N={} K={}", rows, n, k),
                  batch, single, kExact);
   }
 }

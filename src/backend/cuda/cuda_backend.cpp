@@ -167,7 +167,7 @@ class CudaBackend final : public Backend {
 
   void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) override {
     check_linear_args(out, x, w);
-    if (linear_mma_supports(x, w.weight, w.packed, w.group_size)) {
+    if (linear_mma_supports(x, w)) {
       check_cuda(launch_linear_mma(out, x, w, linear_mma_workspace(x.rows, w), stream()),
                  "linear (tensor cores)");
       return;

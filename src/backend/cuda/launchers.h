@@ -31,8 +31,9 @@ cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor
                                 const Tensor& scales, int group_size, cudaStream_t stream);
 
 // linear_mma.cu: out = x W^T on tensor cores for up to kLinearMmaMaxRows rows of x, W4A16 (K and group size
-// multiples of 32) or BF16 weights, x exact to ~2^-16 (split into two BF16 parts). K may be split over
-// blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
+// multiples of 32; packed rows 16-byte aligned, scale rows whole 4-byte words) or BF16 weights, x exact to
+// ~2^-16 (split into two BF16 parts); weights streamed through shared memory with cp.async. K may be split
+// over blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
 // leaves them zero).
 inline constexpr int64_t kLinearMmaMaxRows = 128;  // more rows: gemm_linear.h
 struct LinearMmaWorkspace {
@@ -43,7 +44,7 @@ struct LinearMmaWorkspaceSize {
   size_t partial_floats = 0;
   size_t counters = 0;
 };
-bool linear_mma_supports(const Tensor& x, const Tensor& weight, const Tensor& packed, int group_size);
+bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
 LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features);
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream);
