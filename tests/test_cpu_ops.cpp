@@ -157,6 +157,65 @@ TEST(CpuElementwise, OutputMayAliasInput) {
   }
 }
 
+// The default attention_prologue against the ops it stands for, called one by one on a copy: query, gate and
+// both caches equal exactly; bad shapes name the op and the argument.
+TEST(CpuAttentionPrologue, EqualsSplitNormRopeStore) {
+  std::mt19937 rng(23);
+  auto backend = make_cpu_backend();
+  const int heads = 4, kv_heads = 2, dim = 16, rotary = 8, tokens = 3;
+  const int64_t q_cols = heads * dim, kv_cols = kv_heads * dim, width = 2 * q_cols + 2 * kv_cols;
+  const AttentionPrologueShape shape{heads, kv_heads, dim, rotary, 1e4, 1e-6f, true};
+  // TestTensor copies share storage: copy values into new tensors.
+  auto copy_of = [](const TestTensor& t) {
+    TestTensor copy(t.view().dtype, t.rows(), t.cols());
+    for (int64_t r = 0; r < t.rows(); ++r)
+      for (int64_t c = 0; c < t.cols(); ++c) copy.set(r, c, t.get(r, c));
+    return copy;
+  };
+  TestTensor qkv = cpu_test::random_tensor(rng, DType::F32, tokens, width, -2, 2);
+  TestTensor qkv_copy = copy_of(qkv);
+  const TestTensor q_norm = cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5);
+  const TestTensor k_norm = cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5);
+  TestTensor positions(DType::I32, tokens, 1);
+  for (int t = 0; t < tokens; ++t) positions.view().row<int32_t>(t)[0] = 5 + 2 * t;
+  TestTensor k_cache = cpu_test::random_tensor(rng, DType::F32, 12, kv_cols);
+  TestTensor v_cache = cpu_test::random_tensor(rng, DType::F32, 12, kv_cols);
+  TestTensor k_want = copy_of(k_cache), v_want = copy_of(v_cache);
+  TestTensor query(DType::F32, tokens, q_cols), gate(DType::F32, tokens, q_cols);
+  TestTensor query_want(DType::F32, tokens, q_cols), gate_want(DType::F32, tokens, q_cols);
+  backend->attention_prologue(query.view(), gate.view(), qkv.view(), q_norm.view(), k_norm.view(),
+                              k_cache.view(), v_cache.view(), positions.view(), shape);
+  const Tensor k = qkv_copy.view().cols_view(2 * q_cols, kv_cols),
+               v = qkv_copy.view().cols_view(2 * q_cols + kv_cols, kv_cols);
+  backend->split_query_gate(query_want.view(), gate_want.view(), qkv_copy.view().cols_view(0, 2 * q_cols),
+                            dim);
+  backend->rmsnorm(query_want.view(), query_want.view(), q_norm.view(), 1e-6f, true);
+  backend->rmsnorm(k, k, k_norm.view(), 1e-6f, true);
+  backend->rope(query_want.view(), positions.view(), dim, rotary, 1e4);
+  backend->rope(k, positions.view(), dim, rotary, 1e4);
+  backend->kv_store(k_want.view(), k, positions.view());
+  backend->kv_store(v_want.view(), v, positions.view());
+  EXPECT_EQ(cpu_test::relative_max_error(query, cpu_test::reference_of(query_want)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(gate, cpu_test::reference_of(gate_want)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(k_cache, cpu_test::reference_of(k_want)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(v_cache, cpu_test::reference_of(v_want)), 0.0);
+
+  TestTensor narrow = cpu_test::random_tensor(rng, DType::F32, tokens, width - 1);
+  cpu_test::expect_error(
+      [&] {
+        backend->attention_prologue(query.view(), gate.view(), narrow.view(), q_norm.view(), k_norm.view(),
+                                    k_cache.view(), v_cache.view(), positions.view(), shape);
+      },
+      {"attention_prologue", "qkv"});
+  const TestTensor f32_norm = cpu_test::random_tensor(rng, DType::F32, 1, dim);
+  cpu_test::expect_error(
+      [&] {
+        backend->attention_prologue(query.view(), gate.view(), qkv.view(), q_norm.view(), f32_norm.view(),
+                                    k_cache.view(), v_cache.view(), positions.view(), shape);
+      },
+      {"attention_prologue", "dtypes"});
+}
+
 TEST(CpuSplitQueryGate, InterleavedPerHead) {
   std::mt19937 rng(5);
   auto backend = make_cpu_backend();

@@ -45,6 +45,12 @@ void check_split_query_gate_args(const Tensor& query, const Tensor& gate, const 
 void check_rope_args(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim);
 void check_rope_theta(double theta);
 void check_kv_store_args(const Tensor& cache, const Tensor& x, const Tensor& positions);
+// attention_prologue: qkv's width against the shape, query/gate [T, nh hd], caches of nkv hd columns, norm
+// weights [1, hd] of one dtype, positions, rotary_dim even and within hd, theta positive.
+void check_attention_prologue_args(const Tensor& query, const Tensor& gate, const Tensor& qkv,
+                                   const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
+                                   const Tensor& v_cache, const Tensor& positions,
+                                   const AttentionPrologueShape& shape);
 // attention's dtypes and a valid GQA shape; then the tensors' widths against that shape.
 void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const AttentionShape& shape);

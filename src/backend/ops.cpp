@@ -1,11 +1,29 @@
 #include "backend/ops.h"
 
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace qspec {
 
 std::unique_ptr<StepGraph> Backend::capture(const std::function<void()>&) {
   fail("backend {} cannot record step graphs", name());
+}
+
+void Backend::attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
+                                 const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
+                                 const Tensor& v_cache, const Tensor& positions,
+                                 const AttentionPrologueShape& shape) {
+  const int64_t q_cols = int64_t(shape.num_heads) * shape.head_dim;
+  const int64_t kv_cols = int64_t(shape.num_kv_heads) * shape.head_dim;
+  check_attention_prologue_args(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions, shape);
+  const Tensor k = qkv.cols_view(2 * q_cols, kv_cols), v = qkv.cols_view(2 * q_cols + kv_cols, kv_cols);
+  split_query_gate(query, gate, qkv.cols_view(0, 2 * q_cols), shape.head_dim);
+  rmsnorm(query, query, q_norm, shape.eps, shape.unit_offset);
+  rmsnorm(k, k, k_norm, shape.eps, shape.unit_offset);
+  rope(query, positions, shape.head_dim, shape.rotary_dim, shape.rope_theta);
+  rope(k, positions, shape.head_dim, shape.rotary_dim, shape.rope_theta);
+  kv_store(k_cache, k, positions);
+  kv_store(v_cache, v, positions);
 }
 
 }  // namespace qspec

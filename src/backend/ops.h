@@ -42,6 +42,15 @@ struct AttentionShape {
   float scale;  // softmax scale, head_dim^-0.5
 };
 
+// The projections' layout and the norms / rotation of attention_prologue.
+struct AttentionPrologueShape {
+  int num_heads, num_kv_heads, head_dim;
+  int rotary_dim;  // RoPE over the first rotary_dim dims of each head
+  double rope_theta;
+  float eps;         // of the per-head RMSNorm of queries and keys
+  bool unit_offset;  // the norms' weights as 1 + w
+};
+
 // A recorded sequence of ops replayed as one unit: on CUDA a graph, so a step costs one launch instead of one
 // per op. It reads and writes the same buffers it was recorded with.
 class StepGraph {
@@ -99,6 +108,15 @@ class Backend {
   virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, double theta) = 0;
   // cache[positions[t]] = x[t]
   virtual void kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) = 0;
+  // Everything between the q|k|v projection and attention, as split_query_gate, the per-head q and k norms,
+  // rope and kv_store would do it: qkv [T, 2 nh hd + 2 nkv hd] = (query, gate) interleaved per head | keys |
+  // values. Writes query [T, nh hd] (normed, rotated) and gate [T, nh hd], and at positions[t] the cache rows
+  // k (normed, rotated) and v. The key columns of qkv may be overwritten. The default composes those ops;
+  // a backend may do it in one pass.
+  virtual void attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
+                                  const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
+                                  const Tensor& v_cache, const Tensor& positions,
+                                  const AttentionPrologueShape& shape);
   // Causal attention of q [T, nh*hd] over cache rows 0..positions[t] (inclusive) -> out [T, nh*hd].
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& positions, const AttentionShape& shape) = 0;

@@ -255,19 +255,13 @@ void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& 
   const int64_t T = x.rows;
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
-  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
   Tensor qkv = view(ws.attn_qkv), q = view(ws.attn_q), gate = view(ws.attn_gate), o = view(ws.attn_out);
-  Tensor qg = qkv.cols_view(0, 2 * q_dim), k = qkv.cols_view(2 * q_dim, kv_dim),
-         v = qkv.cols_view(2 * q_dim + kv_dim, kv_dim);
   Tensor positions = view(ws.positions);
   stacked_linear(backend_, qkv, x, layer.qkv_proj);
-  backend_.split_query_gate(q, gate, qg, c.head_dim);
-  backend_.rmsnorm(q, q, layer.q_norm, c.rms_norm_eps, true);
-  backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, true);
-  backend_.rope(q, positions, c.head_dim, c.rotary_dim, c.rope_theta);
-  backend_.rope(k, positions, c.head_dim, c.rotary_dim, c.rope_theta);
-  backend_.kv_store(state.k_cache->tensor(), k, positions);
-  backend_.kv_store(state.v_cache->tensor(), v, positions);
+  const AttentionPrologueShape prologue{c.num_heads,  c.num_kv_heads, c.head_dim, c.rotary_dim,
+                                        c.rope_theta, c.rms_norm_eps, true};
+  backend_.attention_prologue(q, gate, qkv, layer.q_norm, layer.k_norm, state.k_cache->tensor(),
+                              state.v_cache->tensor(), positions, prologue);
   AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
   backend_.attention(o, q, state.k_cache->tensor(), state.v_cache->tensor(), positions, shape);
   backend_.sigmoid_mul(o, o, gate);

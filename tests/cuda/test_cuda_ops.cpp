@@ -382,6 +382,53 @@ TEST(CudaOps, SplitQueryGate) {
   }
 }
 
+// The fused prologue against the CPU's composition of split_query_gate, rmsnorm, rope and kv_store: query
+// and gate, and the whole caches (random rows around the stored ones must stay). Norm then rotation, as
+// rmsnorm and rope are compared: kReductionTolerance.
+TEST(CudaOps, AttentionPrologue) {
+  std::mt19937 rng(41);
+  auto& b = backends();
+  struct Case {
+    int heads, kv_heads, head_dim, rotary_dim;
+    DType norm_dtype;
+    bool unit_offset;
+  };
+  for (const Case& c : {Case{16, 4, 256, 64, DType::BF16, true}, Case{4, 2, 64, 16, DType::F32, true},
+                        Case{2, 1, 32, 8, DType::BF16, false}, Case{8, 8, 128, 32, DType::F16, true}}) {
+    const int64_t q_cols = int64_t(c.heads) * c.head_dim, kv_cols = int64_t(c.kv_heads) * c.head_dim;
+    const WeightPair q_norm =
+        b.weight(c.norm_dtype, 1, c.head_dim, random_floats(rng, c.head_dim, -0.5f, 0.5f));
+    const WeightPair k_norm =
+        b.weight(c.norm_dtype, 1, c.head_dim, random_floats(rng, c.head_dim, -0.5f, 0.5f));
+    const AttentionPrologueShape shape{c.heads, c.kv_heads, c.head_dim,   c.rotary_dim,
+                                       1e7,     1e-6f,      c.unit_offset};
+    for (int tokens : {1, 3, 16, 65}) {
+      const int64_t cache_rows = 200;
+      std::vector<int32_t> positions = consecutive_positions(tokens, 40);
+      if (tokens == 3) positions = {47, 40, 140};  // not in order
+      const TensorPair pos = b.indices(positions);
+      TensorPair qkv = b.activation(tokens, 2 * q_cols + 2 * kv_cols,
+                                    random_floats(rng, tokens * (2 * q_cols + 2 * kv_cols), -3.0f, 3.0f));
+      TensorPair k_cache =
+          b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+      TensorPair v_cache =
+          b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+      TensorPair query = b.poisoned(tokens, q_cols), gate = b.poisoned(tokens, q_cols);
+      on_both([&](const Side& s) {
+        s.backend.attention_prologue(s(query), s(gate), s(qkv), s(q_norm), s(k_norm), s(k_cache), s(v_cache),
+                                     s(pos), shape);
+      });
+      const std::string label =
+          fmt::format("attention_prologue {}/{}/{} rotary {} T={} norm {}", c.heads, c.kv_heads, c.head_dim,
+                      c.rotary_dim, tokens, dtype_label(c.norm_dtype));
+      compare("attention_prologue", label + " query", query, kReductionTolerance);
+      compare("attention_prologue", label + " gate", gate, kExact);
+      compare("attention_prologue", label + " k cache", k_cache, kReductionTolerance);
+      compare("attention_prologue", label + " v cache", v_cache, kExact);
+    }
+  }
+}
+
 TEST(CudaOps, Rope) {
   std::mt19937 rng(9);
   auto& b = backends();

@@ -49,6 +49,18 @@ void check_norm(std::string_view op, const Tensor& out, const Tensor& x, const T
   require_rows_limit(op, x.rows);
 }
 
+// The CPU reference's formula, term for term, so that both backends rotate by the same fp32 angles.
+RopeFrequencies rope_frequencies(std::string_view op, int rotary_dim, double theta) {
+  if (rotary_dim / 2 > kMaxRotaryHalf)
+    fail("{}: rotary_dim {} is above the CUDA backend's {}", op, rotary_dim, 2 * kMaxRotaryHalf);
+  check_rope_theta(theta);
+  RopeFrequencies frequencies{};
+  for (int i = 0; i < rotary_dim / 2; ++i)
+    frequencies.inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta),
+                                              static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+  return frequencies;
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
@@ -205,15 +217,26 @@ class CudaBackend final : public Backend {
 
   void rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, double theta) override {
     check_rope_args(x, positions, head_dim, rotary_dim);
-    if (rotary_dim / 2 > kMaxRotaryHalf)
-      fail("rope: rotary_dim {} is above the CUDA backend's {}", rotary_dim, 2 * kMaxRotaryHalf);
-    check_rope_theta(theta);
-    // The CPU reference's formula, term for term, so that both backends rotate by the same fp32 angles.
-    RopeFrequencies frequencies{};
-    for (int i = 0; i < rotary_dim / 2; ++i)
-      frequencies.inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta),
-                                                static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
-    check_cuda(launch_rope(x, positions, head_dim, rotary_dim, frequencies, stream()), "rope");
+    check_cuda(launch_rope(x, positions, head_dim, rotary_dim, rope_frequencies("rope", rotary_dim, theta),
+                           stream()),
+               "rope");
+  }
+
+  void attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv, const Tensor& q_norm,
+                          const Tensor& k_norm, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& positions, const AttentionPrologueShape& shape) override {
+    check_attention_prologue_args(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions, shape);
+    if (shape.head_dim > kMaxAttentionHeadDim)
+      fail("attention_prologue: head_dim {} is above the CUDA backend's {}", shape.head_dim,
+           kMaxAttentionHeadDim);
+    require_rows_limit("attention_prologue", qkv.rows);
+    const RopeFrequencies frequencies =
+        rope_frequencies("attention_prologue", shape.rotary_dim, shape.rope_theta);
+    const PrologueShape prologue{shape.num_heads,  shape.num_kv_heads, shape.head_dim,
+                                 shape.rotary_dim, shape.eps,          shape.unit_offset};
+    check_cuda(launch_attention_prologue(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions,
+                                         prologue, frequencies, stream()),
+               "attention_prologue");
   }
 
   void kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) override {

@@ -70,6 +70,20 @@ struct RopeFrequencies {
 cudaError_t launch_rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim,
                         const RopeFrequencies& frequencies, cudaStream_t stream);
 
+// attention_prologue.cu: Backend::attention_prologue in one kernel; head_dim <= kMaxAttentionHeadDim, norm
+// weights of one dtype.
+// Head counts and dims as in AttentionPrologueShape (ops.h).
+struct PrologueShape {
+  int num_heads, num_kv_heads, head_dim, rotary_dim;
+  float eps;
+  bool unit_offset;
+};
+cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
+                                      const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
+                                      const Tensor& v_cache, const Tensor& positions,
+                                      const PrologueShape& shape, const RopeFrequencies& frequencies,
+                                      cudaStream_t stream);
+
 // attention.cu (+ attention_rows.cu, attention_prefill.cu): one block per (KV head, key split) serves all
 // query rows of the KV head (tokens x grouped heads); FP32 for up to 64 such rows (decode, verify),
 // split-BF16 tensor cores (~1e-5 relative to FP32) for more (prefill). A position outside the cache gives NaN

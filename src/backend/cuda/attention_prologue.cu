@@ -1,0 +1,129 @@
+// The steps between the q|k|v projection and attention in one kernel (Backend::attention_prologue): one block
+// per (token, head slot). Query slots split the query from its gate, normalise it per head and rotate it;
+// key slots normalise, rotate and store into the cache row of the token's position; value slots store. The
+// arithmetic is that of the rmsnorm and rope kernels (norm.cu, rope.cu); the block replaces 7 launches per
+// attention layer. A position outside the cache skips the stores, as kv_store does.
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace qspec::cuda {
+
+namespace {
+
+constexpr int kBlock = 128;
+
+struct PrologueArgs {
+  float* query;
+  int64_t query_stride;
+  float* gate;
+  int64_t gate_stride;
+  const float* qkv;
+  int64_t qkv_stride;
+  float* k_cache;
+  int64_t k_stride;
+  float* v_cache;
+  int64_t v_stride;
+  int64_t cache_rows;
+  const int32_t* positions;
+  int64_t positions_stride;
+  int num_heads, num_kv_heads, head_dim, half_rotary;
+  float eps, weight_offset;
+};
+
+// head (in shared memory) = rmsnorm(src) * (offset + weight), then dst = rope(head).
+template <typename W>
+__device__ void norm_and_rotate(float* dst, const float* src, const W* weight, float* head, float* scratch,
+                                const PrologueArgs& a, float position, const RopeFrequencies& frequencies) {
+  const int hd = a.head_dim;
+  float sum_of_squares = 0.0f;
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) sum_of_squares += src[i] * src[i];
+  sum_of_squares = block_sum(sum_of_squares, scratch);
+  const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(hd) + a.eps);
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock)
+    head[i] = src[i] * inverse_rms * (a.weight_offset + to_float(weight[i]));
+  __syncthreads();
+  const int half = a.half_rotary;
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) {
+    if (i < 2 * half) {
+      const int pair = i < half ? i : i - half;
+      const float angle = position * frequencies.inv_freq[pair];
+      const float cos_angle = cosf(angle), sin_angle = sinf(angle);
+      const float x1 = head[pair], x2 = head[pair + half];
+      dst[i] = i < half ? x1 * cos_angle - x2 * sin_angle : x2 * cos_angle + x1 * sin_angle;
+    } else {
+      dst[i] = head[i];
+    }
+  }
+}
+
+template <typename W>
+__global__ void attention_prologue_kernel(PrologueArgs a, const W* q_norm, const W* k_norm,
+                                          RopeFrequencies frequencies) {
+  __shared__ float head[kMaxAttentionHeadDim];
+  __shared__ float scratch[kBlock / kWarpSize];
+  const int64_t t = blockIdx.x;
+  const int slot = static_cast<int>(blockIdx.y);
+  const int hd = a.head_dim;
+  const int32_t position = a.positions[t * a.positions_stride];
+  const bool stored = position >= 0 && position < a.cache_rows;
+  const float* row = a.qkv + t * a.qkv_stride;
+  const int64_t q_cols = int64_t(a.num_heads) * hd, kv_cols = int64_t(a.num_kv_heads) * hd;
+  if (slot < a.num_heads) {
+    const float* pair = row + int64_t(slot) * 2 * hd;
+    float* gate = a.gate + t * a.gate_stride + int64_t(slot) * hd;
+    for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) gate[i] = pair[hd + i];
+    norm_and_rotate(a.query + t * a.query_stride + int64_t(slot) * hd, pair, q_norm, head, scratch, a,
+                    static_cast<float>(position), frequencies);
+  } else if (slot < a.num_heads + a.num_kv_heads) {
+    const int kv_head = slot - a.num_heads;
+    if (!stored) return;  // the whole block leaves: no barrier is reached
+    norm_and_rotate(a.k_cache + position * a.k_stride + int64_t(kv_head) * hd,
+                    row + 2 * q_cols + int64_t(kv_head) * hd, k_norm, head, scratch, a,
+                    static_cast<float>(position), frequencies);
+  } else {
+    const int kv_head = slot - a.num_heads - a.num_kv_heads;
+    if (!stored) return;
+    const float* v = row + 2 * q_cols + kv_cols + int64_t(kv_head) * hd;
+    float* dst = a.v_cache + position * a.v_stride + int64_t(kv_head) * hd;
+    for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) dst[i] = v[i];
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
+                                      const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
+                                      const Tensor& v_cache, const Tensor& positions,
+                                      const PrologueShape& shape, const RopeFrequencies& frequencies,
+                                      cudaStream_t stream) {
+  if (qkv.rows == 0) return cudaSuccess;
+  const PrologueArgs args{query.ptr<float>(),
+                          query.stride,
+                          gate.ptr<float>(),
+                          gate.stride,
+                          qkv.ptr<const float>(),
+                          qkv.stride,
+                          k_cache.ptr<float>(),
+                          k_cache.stride,
+                          v_cache.ptr<float>(),
+                          v_cache.stride,
+                          k_cache.rows,
+                          positions.ptr<const int32_t>(),
+                          positions.stride,
+                          shape.num_heads,
+                          shape.num_kv_heads,
+                          shape.head_dim,
+                          shape.rotary_dim / 2,
+                          shape.eps,
+                          shape.unit_offset ? 1.0f : 0.0f};
+  const dim3 grid(static_cast<unsigned>(qkv.rows),
+                  static_cast<unsigned>(shape.num_heads + 2 * shape.num_kv_heads));
+  return with_weight_type(q_norm.dtype, [&](auto type) {
+    using W = decltype(type);
+    attention_prologue_kernel<W>
+        <<<grid, kBlock, 0, stream>>>(args, q_norm.ptr<const W>(), k_norm.ptr<const W>(), frequencies);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace qspec::cuda
