@@ -8,23 +8,25 @@
 // which is HF's  out = (q e^G) S + Aqk (U - W S)  with the chunk-local products folded into Q' and U'.
 //
 // Two kernels per segment of up to kChunksPerSegment chunks:
-//  - prepare (grid chunks x value heads, fully parallel): L2-normalises q and k, builds A, Aqk, T (T by
-//    substitution, 4 threads per column), W, U, Q', U' and writes them to a workspace: W;Q' and
-//    (k e^(G_last-G))^T in mma fragment order (one coalesced 16-byte load per lane and tile later), U;U'
-//    row-major, and G_last.
+//  - prepare (grid chunks x value heads, fully parallel): L2-normalises q and k, builds A, Aqk, T (16 x 16
+//    diagonal blocks by substitution, then the blocks below), W, U, Q', U' and writes them to a workspace:
+//    W;Q' and (k e^(G_last-G))^T in mma fragment order (one coalesced 16-byte load per lane and tile later),
+//    U;U' row-major, and G_last.
 //  - state pass (grid value heads x slabs of 32 state columns, sequential over the chunks): keeps its
 //    [dk, 32] slab of S in mma accumulators, per chunk X = [W; Q'] S (128 x 32 x dk), out = U' + X_Q',
-//    v_new = U - X_W, S = e^(G_last) S + K~^T v_new (dk x 32 x 64); the next chunk's fragments are loaded
-//    during the state update.
+//    v_new = U - X_W, S = e^(G_last) S + K~^T v_new (dk x 32 x 64); the next chunk's W;Q' and U;U' are
+//    copied into shared memory (cp.async) during the state update.
 // Every product that feeds the state or the output runs as 3xTF32 (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi =
 // tf32(x), lo = tf32(x - hi): ~2^-21 relative per product, fp32-like), accumulated in fp32. Head dims are
 // padded with zeros to D = 32, 64 or 128 (a template parameter); rows past the sequence are zeros, as in HF.
 //
 // Prediction (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128), per layer: prepare ~17 MFLOP of 3xTF32
-// mma + a 64-step substitution per (head, chunk), one 155 KB block per SM: ~10 us per wave of 132 blocks
-// -> ~0.1 ms at T = 2048, ~0.35 ms at T = 8192; state pass 128 blocks, ~2.5 us per chunk (2,300 mma per
-// block, 112 KB of fragments from L2) -> ~0.08 ms at 2048, ~0.32 ms at 8192. 24 layers: ~4.5 ms at 2048,
-// ~16 ms at 8192 (the recurrence: ~20 ms and ~80 ms).
+// mma per (head, chunk), one 155 KB block per SM: ~10 us per wave of 132 blocks -> ~0.1 ms at T = 2048;
+// state pass ~2.5 us per chunk -> ~0.08 ms at 2048; 24 layers ~4.5 ms at 2048, ~16 ms at 8192.
+// Measured (qspec_cuda_bench, one layer): 0.44 ms at T = 2048 (10.7 ms for 24 layers; the recurrence took
+// ~1.6 ms), 1.77 ms at 8192 (42 ms). ncu at 2048: prepare 364 us with 16 warps (445 us with 8, when it was
+// latency-bound at ~1.1 IPC with the tensor pipe ~11% busy), state pass 215 us (~6.7 us per chunk, tensor
+// pipe ~40% busy). Max relative error against the CPU's chunked form <= 8e-7.
 #include <cmath>
 #include <cstdint>
 
@@ -150,14 +152,21 @@ struct PrepareLayout {
   static constexpr int kFloats = kBlockSums + 3 * kBlock * kBlock;
 };
 
+// Warps of the prepare kernel: 16 where the n tiles of stages 4 and 5 (2D / 8) go round them, else 8.
+template <int D>
+__host__ __device__ constexpr int prepare_warps() {
+  return D >= 64 ? 16 : 8;
+}
+
 // One (chunk, value head) of a segment: everything of the chunk that does not depend on the state.
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     gdn_chunk_prepare_kernel(const float* qkv, int64_t qkv_stride, const float* beta, int64_t beta_stride,
                              const float* g, int64_t g_stride, int64_t tokens, int num_key_heads,
                              int num_value_heads, int dk, int dv, float query_scale, ChunkWorkspace ws) {
   using L = PrepareLayout<D>;
   constexpr int ld = L::kRowLd;
+  constexpr int kPrepareWarps = prepare_warps<D>(), kPrepareThreads = kPrepareWarps * kWarpSize;
   extern __shared__ float shared[];
   float* query = shared + L::kQuery;
   float* key = shared + L::kKey;
@@ -184,12 +193,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // 1. q, k (L2-normalised, q scaled), v; beta and the cumulative log-decay. Rows past the end are zeros. A
   // warp takes rows warp + 8 rr; all its loads are issued before the first row's sums.
-  constexpr int kRowsPerWarp = kChunk / kWarps, kPerLane = D / kWarpSize;
+  constexpr int kRowsPerWarp = kChunk / kPrepareWarps, kPerLane = D / kWarpSize;
   {
     float qv[kRowsPerWarp][kPerLane], kv[kRowsPerWarp][kPerLane], vv[kRowsPerWarp][kPerLane];
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int r = warp + kWarps * rr;
+      const int r = warp + kPrepareWarps * rr;
       const float* row = qkv + (first + r) * qkv_stride;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
@@ -205,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int r = warp + kWarps * rr;
+      const int r = warp + kPrepareWarps * rr;
       float query_squares = 0.0f, key_squares = 0.0f;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
@@ -239,14 +248,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       growth[tid] = expf(cumulative_g[tid]);
       key_decay[tid] = expf(cumulative_g[kChunk - 1] - cumulative_g[tid]);
     }
-    const int mt = warp % 4, n_base = (warp / 4) * 32;
-    float kk[4][4] = {}, qk[4][4] = {};
+    constexpr int kTiles = kChunk / 8 / (kPrepareWarps / 4);  // n tiles per warp
+    const int mt = warp % 4, n_base = (warp / 4) * kTiles * 8;
+    float kk[kTiles][4] = {}, qk[kTiles][4] = {};
 #pragma unroll 4
     for (int k0 = 0; k0 < D; k0 += 8) {
       const FragmentA ak = load_a(key, ld, 16 * mt, k0, gq, tq);
       const FragmentA aq = load_a(query, ld, 16 * mt, k0, gq, tq);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kTiles; ++nt) {
         const int n0 = n_base + 8 * nt;
         if (n0 > 16 * mt + 15) continue;
         const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k]
@@ -256,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * mt + gq + 8 * (e / 2), j = n_base + 8 * nt + 2 * tq + e % 2;
@@ -276,30 +286,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   // T_kj. Blocks above the diagonal are never read.
   {
     float4* k_t = reinterpret_cast<float4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk);
-    for (int index = tid; index < (D / 16) * (kChunk / 8) * kWarpSize; index += kThreads) {
+    for (int index = tid; index < (D / 16) * (kChunk / 8) * kWarpSize; index += kPrepareThreads) {
       const int tile = index / kWarpSize, l = index % kWarpSize;
       const int i = (tile / (kChunk / 8)) * 16 + l / 4, t = (tile % (kChunk / 8)) * 8 + l % 4;
       k_t[index] =
           make_float4(key[t * ld + i] * key_decay[t], key[t * ld + i + 8] * key_decay[t],
                       key[(t + 4) * ld + i] * key_decay[t + 4], key[(t + 4) * ld + i + 8] * key_decay[t + 4]);
     }
-    const int column = tid / 4, part = tid % 4, block_first = column / kBlock * kBlock;
-    if (part == 0)
-      for (int r = block_first; r <= column; ++r) inverse[r * kSquareLd + column] = r == column ? 1.0f : 0.0f;
-    __syncwarp();
-    for (int i = block_first + 1; i < block_first + kBlock; ++i) {
-      float sum = 0.0f;
-      for (int p = column + part; p < i; p += 4)
-        sum += a[i * kSquareLd + p] * inverse[p * kSquareLd + column];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (part == 0 && column < i) inverse[i * kSquareLd + column] = -sum;
+    if (tid < 4 * kChunk) {  // whole warps
+      const int column = tid / 4, part = tid % 4, block_first = column / kBlock * kBlock;
+      if (part == 0)
+        for (int r = block_first; r <= column; ++r)
+          inverse[r * kSquareLd + column] = r == column ? 1.0f : 0.0f;
       __syncwarp();
+      for (int i = block_first + 1; i < block_first + kBlock; ++i) {
+        float sum = 0.0f;
+        for (int p = column + part; p < i; p += 4)
+          sum += a[i * kSquareLd + p] * inverse[p * kSquareLd + column];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (part == 0 && column < i) inverse[i * kSquareLd + column] = -sum;
+        __syncwarp();
+      }
     }
     __syncthreads();
     constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock;
     for (int d = 1; d < kBlocks; ++d) {
-      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kThreads) {
+      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kPrepareThreads) {
         const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
         float sum = 0.0f;
         for (int q = kBlock * j; q < kBlock * i; ++q)
@@ -307,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         block_sums[e] = sum;
       }
       __syncthreads();
-      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kThreads) {
+      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kPrepareThreads) {
         const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
         float sum = 0.0f;
         for (int m = 0; m <= r; ++m)
@@ -322,8 +335,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Stages 4 and 5: C = L [X | Y] (64 x 2D x 64, L lower triangular: a k step of 8 meets m tile mt only when
   // k < 16 mt + 16). A warp takes all 4 m tiles of kTilesPerWarp n tiles, all in one half (X or Y), so every
   // warp does the same work; acc[mt][nt] is its tile (mt, warp * kTilesPerWarp + nt).
-  constexpr int kTilesPerWarp = 2 * D / 8 / kWarps;
-  const int half = warp / (kWarps / 2), n_first = (warp % (kWarps / 2)) * kTilesPerWarp * 8;
+  constexpr int kTilesPerWarp = 2 * D / 8 / kPrepareWarps;
+  const int half = warp / (kPrepareWarps / 2), n_first = (warp % (kPrepareWarps / 2)) * kTilesPerWarp * 8;
   float* uu = ws.uu + static_cast<size_t>(record) * 2 * kChunk * D;
 
   // 4. [W | U] = T [k beta e^G | v beta].
@@ -408,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 6. [W; Q'] to the workspace in fragment order; G_last.
   {
     float4* wq = reinterpret_cast<float4*>(ws.wq + static_cast<size_t>(record) * 2 * kChunk * D);
-    for (int index = tid; index < (2 * kChunk / 16) * (D / 8) * kWarpSize; index += kThreads) {
+    for (int index = tid; index < (2 * kChunk / 16) * (D / 8) * kWarpSize; index += kPrepareThreads) {
       const int tile = index / kWarpSize, l = index % kWarpSize;
       const int r = (tile / (D / 8)) * 16 + l / 4, c = (tile % (D / 8)) * 8 + l % 4;
       const float* p = r < kChunk ? key + r * ld + c : query + (r - kChunk) * ld + c;
@@ -643,7 +656,7 @@ cudaError_t launch_chunked(const Tensor& out, const Tensor& qkv, const Tensor& b
     const int chunks = static_cast<int>((segment_tokens + kChunk - 1) / kChunk);
     const ChunkWorkspace ws = chunk_workspace(workspace, num_value_heads * chunks, D);
     gdn_chunk_prepare_kernel<D><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(num_value_heads)),
-                                  kThreads, prepare_shared_bytes<D>(), stream>>>(
+                                  prepare_warps<D>() * kWarpSize, prepare_shared_bytes<D>(), stream>>>(
         qkv.ptr<const float>() + first * qkv.stride, qkv.stride,
         beta.ptr<const float>() + first * beta.stride, beta.stride, g.ptr<const float>() + first * g.stride,
         g.stride, segment_tokens, num_key_heads, num_value_heads, dk, dv, query_scale, ws);
