@@ -9,9 +9,11 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "backend/argmax.h"
 #include "engine/loaded_model.h"
 #include "engine/speculative.h"
 #include "error_message.h"
@@ -105,12 +107,18 @@ TEST_P(DFlashOracle, EveryStepsDraftLogitsMatch) {
     const ForwardOutput out =
         target.forward(*state, std::span<const int32_t>(sequence.data(), start), options);
     drafter_->add_context(*draft_state, out.hidden);
-    const std::vector<float> got =
-        read_floats(*target_.backend, drafter_->draft(*draft_state, sequence[start], window_));
+    const DraftOutput draft = drafter_->draft(*draft_state, sequence[start], window_);
+    const std::vector<float> got = read_floats(*target_.backend, draft.logits);
     ASSERT_EQ(got.size(), step_size);
     const double e = relative_error(got, logits.data() + s * step_size, step_size);
     EXPECT_LE(e, kDraftLogitTolerance) << "step " << s;
     worst = std::max(worst, e);
+    // The ids drafted in the same step are the argmax of each slot's logits row.
+    std::vector<int32_t> ids(size_t(draft.ids.rows));
+    target_.backend->read(ids.data(), draft.ids);
+    const auto vocab = size_t(draft.logits.cols);
+    for (size_t j = 0; j < ids.size(); ++j)
+      EXPECT_EQ(ids[j], argmax(std::span<const float>(got.data() + j * vocab, vocab))) << "step " << s;
   }
   RecordProperty("max_draft_logit_error", std::to_string(worst));
   std::printf("[ oracle   ] %s: %zu steps, max relative draft logit error %.3g\n",

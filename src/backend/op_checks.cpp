@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -294,6 +295,14 @@ void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Ten
   require_shape(op, "beta", beta, tokens, nv);
   require_shape(op, "g", g, tokens, nv);
   require_shape(op, "state", state, int64_t{nv} * dk, dv);
+}
+
+void check_argmax_args(const Tensor& out_ids, const Tensor& logits) {
+  require_activation("argmax", "logits", logits);
+  if (logits.cols < 1 || logits.cols > std::numeric_limits<int32_t>::max())
+    fail("argmax: logits has {} columns, expected 1 to {} (ids are I32)", logits.cols,
+         std::numeric_limits<int32_t>::max());
+  require_indices("argmax", "out_ids", out_ids, logits.rows);
 }
 
 }  // namespace qspec

@@ -12,10 +12,24 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::vector<float> read_last_row(Backend& backend, const Tensor& logits) {
+DeviceArgmax::DeviceArgmax(Backend& backend, int64_t max_rows)
+    : backend_(backend), ids_(backend.alloc(DType::I32, max_rows, 1)), host_ids_(size_t(max_rows)) {}
+
+std::span<const int32_t> DeviceArgmax::operator()(const Tensor& logits) {
+  if (logits.rows > ids_->tensor().rows)
+    fail("argmax of {} rows; this DeviceArgmax holds {}", logits.rows, ids_->tensor().rows);
+  const Tensor ids = ids_->tensor().rows_view(0, logits.rows);
+  backend_.argmax(ids, logits);
+  backend_.read(host_ids_.data(), ids);
+  return {host_ids_.data(), size_t(logits.rows)};
+}
+
+int32_t next_token(Sampler& sampler, DeviceArgmax& device_argmax, Backend& backend, const Tensor& logits) {
+  const Tensor last = logits.rows_view(logits.rows - 1, 1);
+  if (sampler.greedy()) return device_argmax(last)[0];
   std::vector<float> row(size_t(logits.cols));
-  backend.read(row.data(), logits.rows_view(logits.rows - 1, 1));
-  return row;
+  backend.read(row.data(), last);
+  return sampler.sample(row);
 }
 
 void check_generation_request(const Qwen35Config& config, const Qwen35State& state,
@@ -67,10 +81,11 @@ GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<cons
   const std::vector<int32_t> stops = stop_ids_of(model.config(), options);
   Sampler sampler(options.sampling);
   Backend& backend = model.backend();
+  DeviceArgmax device_argmax(backend, 1);
 
   auto start = std::chrono::steady_clock::now();
   ForwardOutput out = prefill(model, state, prompt, options, {}, {});
-  int32_t next = sampler.sample(read_last_row(backend, out.logits));
+  int32_t next = next_token(sampler, device_argmax, backend, out.logits);
   result.prefill_seconds = seconds_since(start);
 
   start = std::chrono::steady_clock::now();
@@ -83,7 +98,7 @@ GenerationResult generate(Qwen35Model& model, Qwen35State& state, std::span<cons
     }
     if (!keep_going || int(result.tokens.size()) >= options.max_tokens) break;
     out = model.forward(state, std::span<const int32_t>(&next, 1), ForwardOptions{});
-    next = sampler.sample(read_last_row(backend, out.logits));
+    next = next_token(sampler, device_argmax, backend, out.logits);
   }
   result.decode_seconds = seconds_since(start);
   return result;

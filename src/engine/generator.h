@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,8 +56,23 @@ std::vector<int32_t> stop_ids_of(const Qwen35Config& config, const GenerationOpt
 ForwardOutput prefill(Qwen35Model& model, Qwen35State& state, std::span<const int32_t> prompt,
                       const GenerationOptions& options, const std::vector<int>& hidden_layers,
                       const std::function<void(const ForwardOutput&)>& on_chunk);
-// The last row of a logits tensor, on the host.
-std::vector<float> read_last_row(Backend& backend, const Tensor& logits);
+// Greedy choice on the device: the argmax of logits rows (Backend::argmax), read back as ids, so that no
+// logits cross to the host. Holds its buffers; a call allocates nothing.
+class DeviceArgmax {
+ public:
+  DeviceArgmax(Backend& backend, int64_t max_rows);
+  // The ids of the rows of `logits` (at most max_rows of them), valid until the next call.
+  std::span<const int32_t> operator()(const Tensor& logits);
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<Buffer> ids_;
+  std::vector<int32_t> host_ids_;
+};
+
+// The token after the last row of `logits`: its argmax on the device when the sampler is greedy, else a draw
+// from the row read to the host.
+int32_t next_token(Sampler& sampler, DeviceArgmax& device_argmax, Backend& backend, const Tensor& logits);
 // Seconds since `start`.
 double seconds_since(std::chrono::steady_clock::time_point start);
 

@@ -7,14 +7,6 @@
 
 namespace qspec {
 
-int32_t argmax(std::span<const float> logits) {
-  if (logits.empty()) fail("argmax: empty logits");
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = i;
-  return int32_t(best);
-}
-
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
   if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature))
     fail("temperature: expected a finite value >= 0, got {}", params.temperature);

@@ -7,6 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/argmax.h"
+
 namespace qspec {
 
 struct SamplingParams {
@@ -43,8 +45,5 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<TokenProbability> distribution_;
 };
-
-// Index of the largest logit (the lowest index on ties, like torch.argmax).
-int32_t argmax(std::span<const float> logits);
 
 }  // namespace qspec

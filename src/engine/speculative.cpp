@@ -14,16 +14,6 @@ namespace qspec {
 
 namespace {
 
-int spec_tokens_of(const Drafter* drafter, const SpeculativeOptions& spec) {
-  if (spec.spec_tokens < 0) fail("--spec-tokens: expected >= 1, got {}", spec.spec_tokens);
-  if (!drafter) return spec.spec_tokens > 0 ? spec.spec_tokens : kDefaultSpecTokens;
-  const DFlashConfig& c = drafter->model.config();
-  if (spec.spec_tokens > c.block_size - 1)
-    fail("--spec-tokens: {} drafts do not fit the drafter's block of {} ({}): at most {}", spec.spec_tokens,
-         c.block_size, c.source, c.block_size - 1);
-  return spec.spec_tokens > 0 ? spec.spec_tokens : c.block_size - 1;
-}
-
 void check_oracle_ids(const std::vector<int32_t>& oracle, int vocab_size) {
   for (size_t i = 0; i < oracle.size(); ++i)
     if (oracle[i] < 0 || oracle[i] >= vocab_size)
@@ -36,18 +26,20 @@ struct Verdict {
   int32_t next = 0;
 };
 
-// Greedy: a draft is accepted while it is the row's argmax. Sampling: accepted with probability p(d) of the
-// row's distribution, else the token is drawn from p without d (renormalised); after K accepted drafts the
-// next token is drawn from the last row. Either way each emitted token has the target's distribution.
-Verdict verify_drafts(Sampler& sampler, const std::vector<float>& logits, size_t vocab,
-                      std::span<const int32_t> drafts) {
+// Greedy: a draft is accepted while it is the argmax of its row (best[j], one per verified row).
+Verdict verify_greedy(std::span<const int32_t> best, std::span<const int32_t> drafts) {
+  for (size_t j = 0; j < drafts.size(); ++j)
+    if (best[j] != drafts[j]) return {int(j), best[j]};
+  return {int(drafts.size()), best[drafts.size()]};
+}
+
+// Sampling: a draft is accepted with probability p(d) of its row's distribution, else the token is drawn from
+// p without d (renormalised); after K accepted drafts the next token is drawn from the last row. Each emitted
+// token has the target's distribution.
+Verdict verify_sampled(Sampler& sampler, const std::vector<float>& logits, size_t vocab,
+                       std::span<const int32_t> drafts) {
   auto row = [&](size_t j) { return std::span<const float>(logits.data() + j * vocab, vocab); };
   for (size_t j = 0; j < drafts.size(); ++j) {
-    if (sampler.greedy()) {
-      const int32_t best = argmax(row(j));
-      if (best != drafts[j]) return {int(j), best};
-      continue;
-    }
     const std::vector<TokenProbability>& p = sampler.distribution(row(j));
     auto found =
         std::find_if(p.begin(), p.end(), [&](const TokenProbability& t) { return t.id == drafts[j]; });
@@ -60,6 +52,17 @@ Verdict verify_drafts(Sampler& sampler, const std::vector<float>& logits, size_t
 
 }  // namespace
 
+int drafts_per_step(const DFlashModel* drafter, const SpeculativeOptions& spec) {
+  if (spec.spec_tokens < 0) fail("--spec-tokens: expected >= 1, got {}", spec.spec_tokens);
+  if (spec.draft_window < 0) fail("--draft-window: expected >= 0, got {}", spec.draft_window);
+  if (!drafter) return spec.spec_tokens > 0 ? spec.spec_tokens : kDefaultSpecTokens;
+  const DFlashConfig& c = drafter->config();
+  if (spec.spec_tokens > c.block_size - 1)
+    fail("--spec-tokens: {} drafts do not fit the drafter's block of {} ({}): at most {}", spec.spec_tokens,
+         c.block_size, c.source, c.block_size - 1);
+  return spec.spec_tokens > 0 ? spec.spec_tokens : c.block_size - 1;
+}
+
 GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, const Drafter* drafter,
                                       std::span<const int32_t> prompt, const GenerationOptions& options,
                                       const SpeculativeOptions& spec, const TokenCallback& on_token) {
@@ -67,8 +70,7 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
   check_generation_request(config, state, prompt, options);
   if (!drafter && !spec.oracle_drafts)
     fail("speculative generation: no drafter (--draft-model) and no --draft-oracle");
-  const int max_drafts = spec_tokens_of(drafter, spec);
-  if (spec.draft_window < 0) fail("--draft-window: expected >= 0, got {}", spec.draft_window);
+  const int max_drafts = drafts_per_step(drafter ? &drafter->model : nullptr, spec);
   if (spec.oracle_drafts) check_oracle_ids(*spec.oracle_drafts, config.vocab_size);
   if (drafter && drafter->state.n_context != state.n_past)
     fail("speculative generation: the drafter state holds {} tokens, the target state {}",
@@ -87,10 +89,18 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
   const bool use_drafter = drafter && !spec.oracle_drafts;
   const std::vector<int> feature_layers =
       use_drafter ? drafter->model.config().target_layer_ids : std::vector<int>{};
+  // Buffers of the steps, sized here so that a step allocates nothing on the host but its record in
+  // result.steps: the verify's argmax ids (greedy) or logits (sampling), the block, the features.
+  DeviceArgmax device_argmax(backend, max_drafts + 1);
+  std::vector<float> logits;
+  std::vector<int32_t> block;
+  block.reserve(size_t(max_drafts) + 1);
+  std::vector<Tensor> features;
+  features.reserve(feature_layers.size());
   // The drafter's context follows the target: the features of every token the target consumes.
   auto add_context = [&](const ForwardOutput& out, int64_t rows) {
     if (!use_drafter) return;
-    std::vector<Tensor> features;
+    features.clear();
     for (const Tensor& h : out.hidden) features.push_back(h.rows_view(0, rows));
     drafter->model.add_context(drafter->state, features);
   };
@@ -100,7 +110,7 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
       prefill(target, state, prompt, options, feature_layers, [&](const ForwardOutput& chunk) {
         if (use_drafter) add_context(chunk, chunk.hidden.front().rows);
       });
-  int32_t bonus = sampler.sample(read_last_row(backend, out.logits));
+  int32_t bonus = next_token(sampler, device_argmax, backend, out.logits);
   result.prefill_seconds = seconds_since(start);
 
   // Appends one token; false once generation ends with it.
@@ -114,19 +124,23 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
     return keep_going && int(result.tokens.size()) < options.max_tokens;
   };
 
+  result.tokens.reserve(size_t(options.max_tokens));
+  result.steps.reserve(size_t(options.max_tokens));
+  ForwardOptions verify;
+  verify.all_logits = true;
+  verify.hidden_layers = feature_layers;
+  verify.advance = false;
   start = std::chrono::steady_clock::now();
   bool more = emit(bonus);
-  std::vector<float> logits;
   while (more) {
     const int emitted = int(result.tokens.size());
     int count = std::min(max_drafts, options.max_tokens - emitted);
-    std::vector<int32_t> block = {bonus};
+    block.assign(1, bonus);
     if (use_drafter) {
-      const Tensor draft_logits = drafter->model.draft(drafter->state, bonus, spec.draft_window);
-      logits.resize(size_t(count) * vocab);
-      backend.read(logits.data(), draft_logits.rows_view(0, count));
-      for (int j = 0; j < count; ++j)
-        block.push_back(argmax(std::span<const float>(logits.data() + size_t(j) * vocab, vocab)));
+      // Greedy drafts, chosen on the device: only their ids are read back.
+      const DraftOutput draft = drafter->model.draft(drafter->state, bonus, spec.draft_window);
+      block.resize(size_t(count) + 1);
+      backend.read(block.data() + 1, draft.ids.rows_view(0, count));
     } else {
       const std::vector<int32_t>& oracle = *spec.oracle_drafts;
       count = std::clamp(int(oracle.size()) - emitted, 0, count);
@@ -134,14 +148,15 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
     }
     const std::span<const int32_t> drafts(block.data() + 1, size_t(count));
 
-    ForwardOptions verify;
-    verify.all_logits = true;
-    verify.hidden_layers = feature_layers;
-    verify.advance = false;
     out = target.forward(state, block, verify);
-    logits.resize(block.size() * vocab);
-    backend.read(logits.data(), out.logits);
-    const Verdict verdict = verify_drafts(sampler, logits, vocab, drafts);
+    Verdict verdict;
+    if (sampler.greedy()) {
+      verdict = verify_greedy(device_argmax(out.logits), drafts);
+    } else {
+      logits.resize(block.size() * vocab);
+      backend.read(logits.data(), out.logits);
+      verdict = verify_sampled(sampler, logits, vocab, drafts);
+    }
     result.steps.push_back({std::vector<int32_t>(drafts.begin(), drafts.end()), verdict.accepted});
     result.draft_tokens += count;
     result.accepted_tokens += verdict.accepted;

@@ -33,6 +33,11 @@ struct Drafter {
   DFlashState& state;
 };
 
+// The drafts per step K that `spec` asks of `drafter` (null: oracle drafts). Throws Error naming
+// --spec-tokens or --draft-window when one is out of range (K above the drafter's block_size - 1, a negative
+// window).
+int drafts_per_step(const DFlashModel* drafter, const SpeculativeOptions& spec);
+
 // Like generate(): on_token gets every emitted id in order (returning false stops after it), stop ids and
 // max_tokens are honoured inside an accepted block, and the target state ends having consumed the prompt and
 // every emitted token but the last (the drafter state likewise). `drafter` may be null when

@@ -53,12 +53,25 @@ Tensor first_rows(const std::unique_ptr<Buffer>& buffer, int64_t rows) {
 
 }  // namespace
 
-// Block buffers sized once (block_size rows); context buffers grown to the largest context chunk seen.
+// Block buffers sized once (block_size rows); context buffers grown to the largest context chunk seen. The
+// host-side vectors stage the index writes so that a step allocates nothing.
 struct DFlashModel::Workspace {
   int64_t context_capacity = 0;
   std::unique_ptr<Buffer> context_positions, features, context, context_k, context_v;
-  std::unique_ptr<Buffer> ids, positions, key_begin, key_end;
+  std::vector<int32_t> context_positions_host;
+  // ids, positions, key_begin and key_end of the block (block_size rows each), written at once.
+  std::unique_ptr<Buffer> block_indices;
+  std::vector<int32_t> block_indices_host;
   std::unique_ptr<Buffer> h, normed, q, k, v, attn, mixer_out, mlp_gate, mlp_up, mlp_act, mlp_out, logits;
+  std::unique_ptr<Buffer> draft_ids;
+  // The key of the context step being run, reused so that looking it up allocates nothing.
+  GraphKey context_key;
+
+  // Index block `which` (0 ids, 1 positions, 2 key_begin, 3 key_end): I32 [block_size, 1].
+  Tensor block_index(int which) const {
+    const int64_t block = block_indices->tensor().rows / 4;
+    return block_indices->tensor().rows_view(which * block, block);
+  }
 };
 
 DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qwen35Model& target,
@@ -66,7 +79,8 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
     : config_(std::move(config)),
       backend_(target.backend()),
       target_(target.weights()),
-      ws_(std::make_unique<Workspace>()) {
+      ws_(std::make_unique<Workspace>()),
+      graphs_(target.backend(), kMaxStepGraphs) {
   config_.check_target(target.config(), target_dir);
   weights_ = load_weights(config_, store, backend_);
   const DFlashConfig& c = config_;
@@ -76,10 +90,8 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
   auto make = [&](std::unique_ptr<Buffer>& b, int64_t cols, DType dtype = DType::F32) {
     b = backend_.alloc(dtype, B, cols);
   };
-  make(ws.ids, 1, DType::I32);
-  make(ws.positions, 1, DType::I32);
-  make(ws.key_begin, 1, DType::I32);
-  make(ws.key_end, 1, DType::I32);
+  ws.block_indices = backend_.alloc(DType::I32, 4 * B, 1);
+  ws.block_indices_host.resize(size_t(4 * B));
   make(ws.h, H);
   make(ws.normed, H);
   make(ws.q, q_dim);
@@ -92,6 +104,7 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
   make(ws.mlp_act, FF);
   make(ws.mlp_out, H);
   ws.logits = backend_.alloc(DType::F32, B - 1, c.vocab_size);
+  ws.draft_ids = backend_.alloc(DType::I32, B - 1, 1);
 }
 
 DFlashModel::~DFlashModel() = default;
@@ -100,6 +113,7 @@ std::unique_ptr<DFlashState> DFlashModel::new_state(int max_context) {
   const int64_t kv_dim = int64_t(config_.num_kv_heads) * config_.head_dim;
   auto state = std::make_unique<DFlashState>();
   state->max_context = max_context;
+  state->id = next_state_id_++;
   for (int i = 0; i < config_.num_layers; ++i) {
     DFlashState::Layer layer;
     layer.k_cache = backend_.alloc(DType::F32, max_context + config_.block_size, kv_dim);
@@ -123,7 +137,9 @@ void DFlashModel::ensure_context_rows(int64_t rows) {
   ws.context = backend_.alloc(DType::F32, rows, c.hidden_size);
   ws.context_k = backend_.alloc(DType::F32, rows, kv_dim);
   ws.context_v = backend_.alloc(DType::F32, rows, kv_dim);
+  ws.context_positions_host.resize(size_t(rows));
   ws.context_capacity = rows;
+  graphs_.clear();  // recorded on the old buffers
 }
 
 void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> features) {
@@ -142,11 +158,22 @@ void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> featur
   if (rows == 0) return;
   ensure_context_rows(rows);
   Workspace& ws = *ws_;
-  std::vector<int32_t> positions(static_cast<size_t>(rows));
-  for (int64_t t = 0; t < rows; ++t) positions[size_t(t)] = int32_t(state.n_context + t);
-  const Tensor pos = first_rows(ws.context_positions, rows);
-  backend_.write(pos, positions.data());
+  for (int64_t t = 0; t < rows; ++t) ws.context_positions_host[size_t(t)] = int32_t(state.n_context + t);
+  backend_.write(first_rows(ws.context_positions, rows), ws.context_positions_host.data());
+  GraphKey& key = ws.context_key;
+  key.state_id = state.id;
+  key.step = Step::Context;
+  key.rows = rows;
+  key.inputs.clear();
+  for (const Tensor& f : features) key.inputs.push_back(f.data);
+  graphs_.run(key, [this, &state, features, rows] { context_step(state, features, rows); });
+  state.n_context += int(rows);
+}
 
+void DFlashModel::context_step(DFlashState& state, std::span<const Tensor> features, int64_t rows) {
+  const DFlashConfig& c = config_;
+  Workspace& ws = *ws_;
+  const Tensor pos = first_rows(ws.context_positions, rows);
   // C = hidden_norm(fc(concat(features))), then each layer's k_norm'd, rotated K and its V at the positions.
   const Tensor concatenated = first_rows(ws.features, rows);
   for (size_t i = 0; i < features.size(); ++i)
@@ -164,7 +191,6 @@ void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> featur
     backend_.kv_store(state.layers[i].k_cache->tensor(), k, pos);
     backend_.kv_store(state.layers[i].v_cache->tensor(), v, pos);
   }
-  state.n_context += int(rows);
 }
 
 void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out) {
@@ -174,7 +200,7 @@ void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& o
   backend_.linear(out, ws_->mlp_act->tensor(), layer.mlp_down);
 }
 
-Tensor DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
+DraftOutput DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
   const DFlashConfig& c = config_;
   const int B = c.block_size;
   if (bonus < 0 || bonus >= c.vocab_size)
@@ -184,24 +210,30 @@ Tensor DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
   const int start = state.n_context;
   const int keys = start + B;
   const bool windowed = window > 0 && keys > window;
-  const auto block = static_cast<size_t>(B);
-  std::vector<int32_t> ids(block, c.mask_token_id), positions(block), begin(block), end(block);
-  ids[0] = bonus;
+  int32_t* ids = ws.block_indices_host.data();
+  int32_t* positions = ids + B;
+  int32_t* begin = positions + B;
+  int32_t* end = begin + B;
   for (int j = 0; j < B; ++j) {
     const int p = start + j;
-    positions[size_t(j)] = p;
-    begin[size_t(j)] = windowed ? std::max(0, p - (window - 1)) : 0;
-    end[size_t(j)] = windowed ? std::min(keys, p + window) : keys;
+    ids[j] = j == 0 ? bonus : c.mask_token_id;
+    positions[j] = p;
+    begin[j] = windowed ? std::max(0, p - (window - 1)) : 0;
+    end[j] = windowed ? std::min(keys, p + window) : keys;
   }
-  backend_.write(ws.ids->tensor(), ids.data());
-  backend_.write(ws.positions->tensor(), positions.data());
-  backend_.write(ws.key_begin->tensor(), begin.data());
-  backend_.write(ws.key_end->tensor(), end.data());
+  backend_.write(ws.block_indices->tensor(), ws.block_indices_host.data());
+  graphs_.run(GraphKey{state.id, Step::Draft, B, {}}, [this, &state] { draft_step(state); });
+  return {ws.logits->tensor(), ws.draft_ids->tensor()};
+}
 
-  const Tensor h = ws.h->tensor(), normed = ws.normed->tensor(), pos = ws.positions->tensor();
+void DFlashModel::draft_step(DFlashState& state) {
+  const DFlashConfig& c = config_;
+  const int B = c.block_size;
+  Workspace& ws = *ws_;
+  const Tensor h = ws.h->tensor(), normed = ws.normed->tensor(), pos = ws.block_index(1);
   const Tensor q = ws.q->tensor(), k = ws.k->tensor(), v = ws.v->tensor(), attn = ws.attn->tensor();
   const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-  backend_.embed(h, target_.embed, ws.ids->tensor());
+  backend_.embed(h, target_.embed, ws.block_index(0));
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const DFlashLayer& layer = weights_.layers[i];
     const DFlashState::Layer& cache = state.layers[i];
@@ -216,8 +248,8 @@ Tensor DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
     // The block's K/V go after the context (rows start..start+B-1); the next context overwrites them.
     backend_.kv_store(cache.k_cache->tensor(), k, pos);
     backend_.kv_store(cache.v_cache->tensor(), v, pos);
-    backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(),
-                                ws.key_begin->tensor(), ws.key_end->tensor(), shape);
+    backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(), ws.block_index(2),
+                                ws.block_index(3), shape);
     backend_.linear(ws.mixer_out->tensor(), attn, layer.o_proj);
     backend_.add(h, h, ws.mixer_out->tensor());
     backend_.rmsnorm(normed, h, layer.post_attention_norm, c.rms_norm_eps, false);
@@ -228,7 +260,7 @@ Tensor DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
   const Tensor slots = normed.rows_view(1, B - 1);
   backend_.rmsnorm(slots, h.rows_view(1, B - 1), weights_.final_norm, c.rms_norm_eps, false);
   backend_.linear(ws.logits->tensor(), slots, target_.lm_head);
-  return ws.logits->tensor();
+  backend_.argmax(ws.draft_ids->tensor(), ws.logits->tensor());
 }
 
 }  // namespace qspec

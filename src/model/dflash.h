@@ -11,6 +11,7 @@
 #include "backend/ops.h"
 #include "io/dflash_config.h"
 #include "model/qwen35.h"
+#include "model/step_graph_cache.h"
 
 namespace qspec {
 
@@ -40,6 +41,13 @@ struct DFlashState {
   std::vector<Layer> layers;
   int max_context = 0;
   int n_context = 0;
+  uint64_t id = 0;  // distinguishes states in the model's step graphs, which are recorded on their buffers
+};
+
+// A draft step's result: workspace memory, valid until the next draft.
+struct DraftOutput {
+  Tensor logits;  // [B-1, V]: slots 1..B-1
+  Tensor ids;     // I32 [B-1, 1]: each slot's greedy draft, the argmax of its logits row
 };
 
 class DFlashModel {
@@ -56,18 +64,33 @@ class DFlashModel {
   std::unique_ptr<DFlashState> new_state(int max_context);
   void reset(DFlashState& state) const;
 
+  // Steps of a shape seen before replay a recorded step graph on backends that can record them (default on).
+  void set_step_graphs(bool enabled) { graphs_.set_enabled(enabled); }
+
   // Appends context rows at positions n_context.. : `features` holds the target's residual stream after each
-  // target_layer_ids layer ([rows, H] each, in that order), e.g. ForwardOutput::hidden.
+  // target_layer_ids layer ([rows, H] each, in that order), e.g. ForwardOutput::hidden. One step graph per
+  // (state, rows, feature tensors).
   void add_context(DFlashState& state, std::span<const Tensor> features);
 
-  // Drafts the block [bonus, MASK x (B-1)] at positions n_context.. and returns the logits of slots 1..B-1
-  // [B-1, V] (workspace memory, valid until the next call). window > 0 limits each query to keys within
-  // window - 1 positions of it, when context + block exceed `window`.
-  Tensor draft(DFlashState& state, int32_t bonus, int window);
+  // Drafts the block [bonus, MASK x (B-1)] at positions n_context.. : the logits of slots 1..B-1 and their
+  // argmax, in one step graph per state. window > 0 limits each query to keys within window - 1 positions
+  // of it, when context + block exceed `window`.
+  DraftOutput draft(DFlashState& state, int32_t bonus, int window);
 
  private:
   struct Workspace;
+  enum class Step { Context, Draft };
+  // A step's shape and state, and the data of the tensors it reads from outside the model (the features).
+  struct GraphKey {
+    uint64_t state_id;
+    Step step;
+    int64_t rows;
+    std::vector<const void*> inputs;
+    auto operator<=>(const GraphKey&) const = default;
+  };
   void ensure_context_rows(int64_t rows);
+  void context_step(DFlashState& state, std::span<const Tensor> features, int64_t rows);
+  void draft_step(DFlashState& state);
   void mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out);
 
   DFlashConfig config_;
@@ -75,6 +98,10 @@ class DFlashModel {
   const Qwen35Weights& target_;  // embedding and head
   DFlashWeights weights_;
   std::unique_ptr<Workspace> ws_;
+
+  static constexpr size_t kMaxStepGraphs = 64;
+  uint64_t next_state_id_ = 1;
+  StepGraphCache<GraphKey> graphs_;
 };
 
 }  // namespace qspec

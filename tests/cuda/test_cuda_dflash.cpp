@@ -215,7 +215,7 @@ TEST(CudaDFlash, DrafterMatchesOracle) {
     std::vector<float> first_step(step_floats);
     std::memcpy(first_step.data(), logits.data, step_floats * sizeof(float));
     expect_close("dflash", dir.filename().string() + " step 0 draft logits vs oracle",
-                 read_all(*target.backend, drafter.model->draft(*draft_state, tokens[0], window)), first_step,
+                 read_all(*target.backend, drafter.model->draft(*draft_state, tokens[0], window).logits), first_step,
                  kModelTolerance);
 
     target.model->reset(*state);

@@ -802,5 +802,41 @@ TEST(CudaOps, GatedDeltaRuleTokensIndependentOfCall) {
   }
 }
 
+// argmax: ids are exact. Rows of the head's width (248,320: 31 slices of the CUDA kernel), one less, odd
+// widths and a strided view whose padding would win if read; every fourth row from row 1 has its maximum tied
+// in two slices, from row 2 two NaNs, from row 3 only -inf. The ids start poisoned at -1.
+TEST(CudaOps, Argmax) {
+  std::mt19937 rng(17);
+  auto& b = backends();
+  struct Case {
+    int64_t vocab, stride;
+    int rows;
+  };
+  const std::vector<Case> cases = {{248320, 248320, 1},  {248320, 248320, 15}, {248320, 248320, 16},
+                                   {248319, 248320, 16}, {8193, 8193, 15},     {1, 1, 16},
+                                   {1001, 1024, 3}};
+  for (const Case& c : cases) {
+    std::vector<float> values = random_floats(rng, size_t(c.rows * c.stride), -20.0f, 20.0f);
+    auto at = [&](int r, int64_t i) -> float& { return values[size_t(r * c.stride + i)]; };
+    for (int r = 0; r < c.rows; ++r) {
+      for (int64_t i = c.vocab; i < c.stride; ++i) at(r, i) = 1000.0f;
+      if (r % 4 == 1) at(r, c.vocab / 3) = at(r, c.vocab - 1) = 30.0f;
+      if (r % 4 == 2) at(r, c.vocab / 2) = at(r, c.vocab - 1) = std::numeric_limits<float>::quiet_NaN();
+      if (r % 4 == 3)
+        for (int64_t i = 0; i < c.vocab; ++i) at(r, i) = -std::numeric_limits<float>::infinity();
+    }
+    const TensorPair logits = b.activation(c.rows, c.stride, values);
+    const TensorPair ids = b.indices(std::vector<int32_t>(size_t(c.rows), -1));
+    on_both([&](const Side& s) { s.backend.argmax(s(ids), s(logits).cols_view(0, c.vocab)); });
+    std::vector<int32_t> gpu_ids(size_t(c.rows)), cpu_ids(size_t(c.rows));
+    b.gpu().read(gpu_ids.data(), ids.gpu());
+    b.cpu().read(cpu_ids.data(), ids.cpu());
+    EXPECT_EQ(gpu_ids, cpu_ids) << "V=" << c.vocab << " rows=" << c.rows;
+    expect_close("argmax", fmt::format("argmax V={} stride={} rows={}", c.vocab, c.stride, c.rows),
+                 std::vector<float>(gpu_ids.begin(), gpu_ids.end()),
+                 std::vector<float>(cpu_ids.begin(), cpu_ids.end()), kExact);
+  }
+}
+
 }  // namespace
 }  // namespace qspec::cuda_test

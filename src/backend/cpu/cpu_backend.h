@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
                         const Tensor& state, const GdnShape& shape, bool update_state) override;
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                      float eps) override;
+  void argmax(const Tensor& out_ids, const Tensor& logits) override;
 };
 
 }  // namespace qspec::cpu

@@ -308,6 +308,15 @@ class CudaBackend final : public Backend {
         "gated_delta_rule");
   }
 
+  void argmax(const Tensor& out_ids, const Tensor& logits) override {
+    check_argmax_args(out_ids, logits);
+    require_rows_limit("argmax", logits.rows);
+    const size_t bytes = argmax_workspace_bytes(logits.rows, logits.cols);
+    // Grows rarely (the first call of a larger shape); cudaFree of the old one waits for its users.
+    if (bytes > argmax_workspace_.bytes()) argmax_workspace_ = DeviceMemory(bytes);
+    check_cuda(launch_argmax(out_ids, logits, argmax_workspace_.data(), stream()), "argmax");
+  }
+
  private:
   cudaStream_t stream() const { return stream_->get(); }
 
@@ -335,6 +344,7 @@ class CudaBackend final : public Backend {
   DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters
+  DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
   std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
 };
 

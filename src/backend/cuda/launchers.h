@@ -134,4 +134,9 @@ cudaError_t launch_gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv
                                             int num_value_heads, int key_head_dim, int value_head_dim,
                                             bool update_state, void* workspace, cudaStream_t stream);
 
+// argmax.cu: the rule of backend/argmax.h in two stages (slices of a row, then their combination);
+// `workspace` holds argmax_workspace_bytes(rows, cols) bytes (the slices' candidates).
+size_t argmax_workspace_bytes(int64_t rows, int64_t cols);
+cudaError_t launch_argmax(const Tensor& out_ids, const Tensor& logits, void* workspace, cudaStream_t stream);
+
 }  // namespace qspec::cuda
