@@ -31,9 +31,8 @@ cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor
                                 const Tensor& scales, int group_size, cudaStream_t stream);
 
 // linear_mma.cu: out = x W^T on tensor cores for up to kLinearMmaMaxRows rows of x, W4A16 (K and group size
-// multiples of 32; packed rows 16-byte aligned, scale rows whole 4-byte words) or BF16 weights, x exact to
-// ~2^-16 (split into two BF16 parts); weights streamed through shared memory with cp.async. K may be split
-// over blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
+// multiples of 32) or BF16 weights, x exact to ~2^-16 (split into two BF16 parts). K may be split over
+// blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
 // leaves them zero).
 inline constexpr int64_t kLinearMmaMaxRows = 128;  // more rows: gemm_linear.h
 struct LinearMmaWorkspace {
