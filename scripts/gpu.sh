@@ -48,7 +48,8 @@ run_on_gpu() {
   local sanitizer
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   timeout 200 "$sanitizer" --tool memcheck --error-exitcode 3 "$BUNDLE/qspec_cuda_tests" \
-    --gtest_brief=1 --gtest_filter='CudaOps.*' >"$OUT/memcheck.log" 2>&1 || memcheck_status=$?
+    --gtest_brief=1 --gtest_filter="${QSPEC_MEMCHECK_FILTER:-CudaOps.*}" >"$OUT/memcheck.log" 2>&1 ||
+    memcheck_status=$?
   # Model steps on the synthetic Qwen3.5-4B (exact layout, random weights), W4A16 g32 and BF16.
   local model_status=0
   mkdir -p "$OUT/records"  # qspec bench records, sent back as one archive (the device returns 8 files)

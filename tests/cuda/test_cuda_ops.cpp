@@ -203,8 +203,8 @@ void check_linear(const std::string& label, const LinearWeight& cpu_weight, cons
     const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
     TensorPair out = b.poisoned(rows, n);
     on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
-    const bool gemm = rows > cuda::kLinearMmaMaxRows &&
-                      (cpu_weight.quantized() || cpu_weight.weight.dtype == DType::BF16);
+    const bool gemm =
+        rows > cuda::kLinearMmaMaxRows && (cpu_weight.quantized() || cpu_weight.weight.dtype == DType::BF16);
     compare("linear", fmt::format("{} M={} N={} K={}", label, rows, n, k), out,
             gemm ? kGemmLinearTolerance : kLinearTolerance);
   }
@@ -219,12 +219,12 @@ TEST(CudaOps, LinearDense) {
     std::vector<int> rows;
   };
   const std::vector<Case> cases = {
-      {DType::BF16, 9216, 2560, {1, 3, 16}},   // mlp gate/up
-      {DType::BF16, 2560, 9216, {1, 16, 65}},  // mlp down
-      {DType::F16, 32, 2560, {1, 3}},          // in_proj_b / in_proj_a
-      {DType::F32, 1024, 2560, {1, 16}},       // k_proj in F32
-      {DType::BF16, 1000, 2568, {3}},          // K a multiple of 8, not of 256
-      {DType::BF16, 333, 2561, {1, 3}},        // odd K: the element-wise path
+      {DType::BF16, 9216, 2560, {1, 3, 16}},        // mlp gate/up
+      {DType::BF16, 2560, 9216, {1, 16, 65}},       // mlp down
+      {DType::F16, 32, 2560, {1, 3}},               // in_proj_b / in_proj_a
+      {DType::F32, 1024, 2560, {1, 16}},            // k_proj in F32
+      {DType::BF16, 1000, 2568, {3}},               // K a multiple of 8, not of 256
+      {DType::BF16, 333, 2561, {1, 3}},             // odd K: the element-wise path
       {DType::BF16, 4000, 2560, {1, 9, 64, 2048}},  // tensor cores: the head's shape, fewer rows; cuBLAS
       {DType::F16, 512, 2560, {200}},               // many rows, F16: the general kernel
   };
@@ -259,13 +259,13 @@ TEST(CudaOps, LinearW4A16) {
     std::vector<int> rows;
   };
   const std::vector<Case> cases = {
-      {9216, 2560, 32, DType::BF16, {1, 3, 16}},  // mlp gate/up, g32
-      {2560, 9216, 128, DType::BF16, {1, 16}},    // mlp down, g128
-      {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
-      {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
-      {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
+      {9216, 2560, 32, DType::BF16, {1, 3, 16}},       // mlp gate/up, g32
+      {2560, 9216, 128, DType::BF16, {1, 16}},         // mlp down, g128
+      {2560, 2592, 32, DType::F16, {1, 3, 65}},        // K a multiple of 32, not of 256
+      {1000, 2592, 12, DType::BF16, {1, 3}},           // a group that splits packed words
+      {700, 2600, 8, DType::BF16, {1, 16}},            // K not a multiple of 32: one packed word per load
       {2560, 9216, 32, DType::BF16, {8, 9, 64, 300}},  // tensor cores: row halves, passes, split K; cuBLAS
-      {1000, 4096, 128, DType::F16, {2, 17, 129}},  // features not a multiple of the 16-feature tile
+      {1000, 4096, 128, DType::F16, {2, 17, 129}},     // features not a multiple of the 16-feature tile
       // cp.async stages: K not a multiple of the 512-k stage, N not of the 16-feature tile, split K
       {1000, 2624, 32, DType::F16, {1, 3, 8, 9, 16, 17, 64}},
       {1000, 4352, 128, DType::BF16, {1, 3, 8, 9, 16, 17, 64}},
@@ -307,10 +307,12 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
   for (const LinearWeight* w : {&quantized, &bf16}) {
     TensorPair together = b.poisoned(rows, n), alone = b.poisoned(rows, n);
     b.gpu().linear(together.gpu(), x.gpu(), *w);
-    for (int64_t r = 0; r < rows; ++r) b.gpu().linear(alone.gpu().rows_view(r, 1), x.gpu().rows_view(r, 1), *w);
+    for (int64_t r = 0; r < rows; ++r)
+      b.gpu().linear(alone.gpu().rows_view(r, 1), x.gpu().rows_view(r, 1), *w);
     const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
-    expect_close("linear", fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}",
-                                       w->quantized() ? "W4A16 g32" : "BF16", n, k),
+    expect_close("linear",
+                 fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}",
+                             w->quantized() ? "W4A16 g32" : "BF16", n, k),
                  batch, single, kExact);
   }
 }

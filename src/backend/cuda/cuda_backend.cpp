@@ -260,7 +260,8 @@ class CudaBackend final : public Backend {
   }
 
   void windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                          const Tensor& key_begin, const Tensor& key_end, const AttentionShape& shape) override {
+                          const Tensor& key_begin, const Tensor& key_end,
+                          const AttentionShape& shape) override {
     check_windowed_attention_args(out, q, k_cache, v_cache, key_begin, key_end, shape);
     if (shape.head_dim > kMaxAttentionHeadDim)
       fail("windowed_attention: head_dim {} is above the CUDA backend's {}", shape.head_dim,
@@ -340,12 +341,12 @@ class CudaBackend final : public Backend {
   static constexpr size_t kStagingBytes = size_t{1} << 20;
   PinnedHostMemory staging_;  // host bytes of write() in flight, made on first use
   size_t staging_used_ = 0;
-  DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
-  DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
-  DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
-  DeviceMemory linear_counters_;       // its per-tile arrival counters
-  DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
-  std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
+  DeviceMemory attention_workspace_;  // attention's split partials and prefill's BF16 hi/lo K/V
+  DeviceMemory gdn_workspace_;        // the chunked gated delta rule's per-chunk operands
+  DeviceMemory linear_partials_;      // split-K partial sums of the tensor-core linear
+  DeviceMemory linear_counters_;      // its per-tile arrival counters
+  DeviceMemory argmax_workspace_;     // argmax's per-slice candidates
+  std::unique_ptr<GemmLinear> gemm_;  // many-row linear on cuBLAS, made on first use
 };
 
 }  // namespace

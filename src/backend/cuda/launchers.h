@@ -113,8 +113,8 @@ cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& 
                              const Tensor& a_log, const Tensor& dt_bias, cudaStream_t stream);
 
 // Gated delta rule; the fp32 state is written back only when update_state. Calls of fewer than
-// kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does not
-// depend on T; longer ones the chunked form where it fits the device.
+// kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does
+// not depend on T; longer ones the chunked form where it fits the device.
 inline constexpr int64_t kGdnChunkedMinTokens = 64;
 // gated_delta_rule.cu: the per-token recurrence in one launch; block = (value head, 16 state columns), the
 // slab in registers. key_head_dim <= kGdnRecurrentMaxKeyDim.
@@ -127,7 +127,7 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
 // `workspace` holds gated_delta_rule_chunked_workspace_bytes(...).
 bool gated_delta_rule_chunked_fits(int key_head_dim, int value_head_dim, int max_shared_bytes);
 size_t gated_delta_rule_chunked_workspace_bytes(int64_t tokens, int num_value_heads, int key_head_dim,
-                                               int value_head_dim);
+                                                int value_head_dim);
 cudaError_t launch_gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta,
                                             const Tensor& g, const Tensor& state, int num_key_heads,
                                             int num_value_heads, int key_head_dim, int value_head_dim,
