@@ -73,6 +73,14 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--model", options->model.model_dir, "checkpoint directory")->required();
   cmd->add_option("--draft-model", options->model.draft_model_dir,
                   "DFlash drafter directory (speculative decoding)");
+  cmd->add_option("--spec-tokens", options->model.speculative.spec_tokens,
+                  "drafts per step with --draft-model (default: the drafter's block size - 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option(
+         "--draft-window", options->model.speculative.draft_window,
+         "drafter sliding window with --draft-model: keys within W-1 positions, when context + block > W "
+         "(0: off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--tokenizer", options->model.tokenizer_dir,
                   "directory with tokenizer.json (and the chat template) when the checkpoint has none");
   cmd->add_option("--backend", options->model.backend, "cpu or cuda");

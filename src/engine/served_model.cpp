@@ -6,19 +6,25 @@ namespace qspec {
 
 namespace {
 
-LoadedModel open_target(const ServedModelOptions& options) {
-  // Speculative decoding (issue 5) plugs in here and in ServedModel::generate: load the drafter beside the
-  // target, and call generate_speculative() instead of generate().
-  if (!options.draft_model_dir.empty())
-    fail("--draft-model {}: speculative decoding is not available yet in this build",
-         options.draft_model_dir);
-  return LoadedModel::open(options.model_dir, options.backend);
+// The drafter, when one is asked for: loaded after its options are checked against it.
+std::optional<LoadedDrafter> open_drafter(const ServedModelOptions& options, const LoadedModel& target) {
+  const SpeculativeOptions& spec = options.speculative;
+  if (options.draft_model_dir.empty()) {
+    if (spec.spec_tokens != 0 || spec.draft_window != 0)
+      fail("--spec-tokens and --draft-window need --draft-model");
+    return std::nullopt;
+  }
+  LoadedDrafter drafter = LoadedDrafter::open(options.draft_model_dir, target, options.model_dir);
+  drafts_per_step(drafter.model.get(), spec);
+  return drafter;
 }
 
 }  // namespace
 
 ServedModel::ServedModel(const ServedModelOptions& options)
-    : target_(open_target(options)),
+    : target_(LoadedModel::open(options.model_dir, options.backend)),
+      drafter_(open_drafter(options, target_)),
+      speculative_(options.speculative),
       max_model_len_(options.max_model_len > 0 ? options.max_model_len
                                                : target_.model->config().max_position_embeddings),
       tokenizer_(open_model_tokenizer(options.model_dir, options.tokenizer_dir, config().vocab_size)) {
@@ -39,8 +45,12 @@ ServedModel::ServedModel(const ServedModelOptions& options)
 
 GenerationResult ServedModel::generate(std::span<const TokenId> prompt, const GenerationOptions& options,
                                        const TokenCallback& on_token) {
-  auto state = target_.model->new_state(int(prompt.size()) + options.max_tokens);
-  return qspec::generate(*target_.model, *state, prompt, options, on_token);
+  const int context = int(prompt.size()) + options.max_tokens;
+  auto state = target_.model->new_state(context);
+  if (!drafter_) return qspec::generate(*target_.model, *state, prompt, options, on_token);
+  auto draft_state = drafter_->model->new_state(context);
+  const Drafter drafter{*drafter_->model, *draft_state};
+  return generate_speculative(*target_.model, *state, &drafter, prompt, options, speculative_, on_token);
 }
 
 }  // namespace qspec

@@ -1,5 +1,5 @@
 // What `qspec serve` runs requests on: the target model with its tokenizer and chat template (each optional:
-// a checkpoint without a tokenizer serves token ids only) and, once speculative decoding lands, a drafter.
+// a checkpoint without a tokenizer serves token ids only) and, with --draft-model, a DFlash drafter.
 // Requests run one at a time (the scheduler's worker thread); the tokenizer and the template are safe to use
 // from other threads meanwhile.
 #pragma once
@@ -12,14 +12,16 @@
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/model_tokenizer.h"
+#include "engine/speculative.h"
 #include "tokenizer/chat_template.h"
 
 namespace qspec {
 
 struct ServedModelOptions {
   std::string model_dir;
-  std::string draft_model_dir;  // empty: plain decoding
-  std::string tokenizer_dir;    // empty: the model directory's own tokenizer, if any
+  std::string draft_model_dir;     // empty: plain decoding
+  SpeculativeOptions speculative;  // spec_tokens and draft_window, with a drafter only
+  std::string tokenizer_dir;       // empty: the model directory's own tokenizer, if any
   std::string backend = "cpu";
   int max_model_len = 0;  // 0: the model's max_position_embeddings
 };
@@ -36,13 +38,18 @@ class ServedModel {
   const ChatTemplate* chat_template() const { return chat_template_ ? &*chat_template_ : nullptr; }
   const std::string& chat_template_error() const { return chat_template_error_; }
 
-  // One request on a fresh state of prompt + max_tokens positions: plain decoding, or speculative decoding
-  // when a drafter is loaded (same callback semantics). Call from one thread at a time.
+  bool speculative() const { return drafter_.has_value(); }
+
+  // One request on fresh states of prompt + max_tokens positions: plain decoding, or speculative decoding
+  // when a drafter is loaded (same callback semantics; greedy output equal to plain decoding's, sampled
+  // output of the same distribution). Call from one thread at a time.
   GenerationResult generate(std::span<const TokenId> prompt, const GenerationOptions& options,
                             const TokenCallback& on_token);
 
  private:
   LoadedModel target_;
+  std::optional<LoadedDrafter> drafter_;
+  SpeculativeOptions speculative_;
   int max_model_len_;
   std::optional<ModelTokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;

@@ -1,6 +1,7 @@
 """The server through the official openai SDK: completions and chat, streamed and not, usage, stop strings,
 seeds, reasoning, and outputs equal to `qspec generate` for the same request."""
 import json
+import time
 
 import httpx
 import pytest
@@ -179,11 +180,13 @@ def test_invocations_contract(client, server):
 
 
 def test_access_log_line_per_request(server, client):
-    before = len(server.access_log())
     complete(client, "Hi", max_tokens=2, temperature=0, extra_headers={"X-Request-Id": "log-check-1"})
-    lines = server.access_log()
-    assert len(lines) == before + 1
-    line = lines[-1]
-    assert line["request_id"] == "cmpl-log-check-1"
+    # The line may reach the log reader after the response (and after earlier requests' lines): wait for it.
+    deadline = time.monotonic() + 10
+    while not (lines := [r for r in server.access_log() if r["request_id"] == "cmpl-log-check-1"]):
+        assert time.monotonic() < deadline, "no access log line for cmpl-log-check-1"
+        time.sleep(0.01)
+    assert len(lines) == 1
+    line = lines[0]
     assert line["completion_tokens"] == 2 and line["prompt_tokens"] == 1
     assert line["ttft_ms"] > 0 and line["e2e_ms"] >= line["ttft_ms"]

@@ -90,7 +90,10 @@ class OpenAiServer::Impl {
       port_ = options_.port;
     }
     if (port_ <= 0) fail("--host {} --port {}: cannot listen there", options_.host, options_.port);
-    listener_ = std::thread([this] { http_.listen_after_bind(); });
+    listener_ = std::thread([this] {
+      http_.listen_after_bind();
+      listener_done_ = true;
+    });
     fmt::print(stderr, "qspec serve: listening on http://{}:{} (loading the model)\n", options_.host, port_);
   }
 
@@ -99,8 +102,9 @@ class OpenAiServer::Impl {
   void load_model() {
     model_ = std::make_unique<ServedModel>(options_.model);
     readiness_ = Readiness::kReady;
-    fmt::print(stderr, "qspec serve: ready, model '{}' ({} positions of context)\n", model_name_,
-               model_->max_model_len());
+    fmt::print(stderr, "qspec serve: ready, model '{}' ({} positions of context){}\n", model_name_,
+               model_->max_model_len(),
+               model_->speculative() ? fmt::format(", drafter {}", options_.model.draft_model_dir) : "");
   }
 
   void drain_and_stop() {
@@ -487,8 +491,12 @@ class OpenAiServer::Impl {
   }
 
   void stop_listening() {
+    if (!listener_.joinable()) return;
+    // httplib's stop() acts only on a running server: wait until the listener runs (or has given up), so that
+    // a stop right after start (a model that fails to load at once) cannot leave it listening forever.
+    while (!http_.is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     http_.stop();
-    if (listener_.joinable()) listener_.join();
+    listener_.join();
   }
 
   const ServerOptions options_;
@@ -504,6 +512,7 @@ class OpenAiServer::Impl {
   httplib::Server http_;
   int port_ = 0;
   std::thread listener_;
+  std::atomic<bool> listener_done_{false};
 };
 
 OpenAiServer::OpenAiServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
