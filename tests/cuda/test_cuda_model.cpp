@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -152,6 +153,9 @@ TEST_P(CudaModel, StepGraphsEqualDirectOps) {
     const std::vector<float> a = read_logits(*backend, graphed.forward(*graphed_state, ids, all_rows).logits);
     const std::vector<float> b = read_logits(*backend, direct.forward(*direct_state, ids, all_rows).logits);
     ASSERT_EQ(a.size(), b.size());
+    // Equal NaNs would compare equal bit for bit: the logits must be finite too.
+    EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }))
+        << GetParam() << " step " << step << ": non-finite logits";
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << GetParam() << " step " << step;
   }
 }

@@ -293,7 +293,12 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
     for (int u = 0; u < kVerifyTileKeys; ++u) {
       float4 k[kVerifyChunksPerLane];
 #pragma unroll
-      for (int c = 0; c < kVerifyChunksPerLane; ++c) k[c] = key_tile[u * kChunks + lane + c * kWarpSize];
+      for (int c = 0; c < kVerifyChunksPerLane; ++c) {
+        // Chunks past head_dim were never copied: their stale bits (NaN possibly) must not meet the zero
+        // query there.
+        const int chunk = lane + c * kWarpSize;
+        k[c] = chunk < chunks ? key_tile[u * kChunks + chunk] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
       float partial[kVerifyRowsPerWarp];
 #pragma unroll
       for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
@@ -333,13 +338,15 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
     }
 #pragma unroll
     for (int u = 0; u < kVerifyTileKeys; ++u) {
+      // A key past the range (the same for the whole warp) has weight 0 for every row, and its stale values
+      // may be NaN: it is skipped, not multiplied by 0.
+      if (first + u >= range.end) continue;
       float4 v[kVerifyChunksPerLane];
 #pragma unroll
       for (int c = 0; c < kVerifyChunksPerLane; ++c) v[c] = value_tile[u * kChunks + lane + c * kWarpSize];
 #pragma unroll
       for (int r = 0; r < kVerifyRowsPerWarp; ++r) {
-        // A key past the range has weight 0 for every row; its stale values must not reach acc.
-        const float weight = first + u < range.end ? __shfl_sync(0xffffffffu, scores[u], 4 * r) : 0.0f;
+        const float weight = __shfl_sync(0xffffffffu, scores[u], 4 * r);
 #pragma unroll
         for (int c = 0; c < kVerifyChunksPerLane; ++c) {
           acc[r][c].x += weight * v[c].x;
