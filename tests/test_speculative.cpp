@@ -11,6 +11,7 @@
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/speculative.h"
+#include "error_message.h"
 #include "io/safetensors.h"
 #include "speculative_testing.h"
 #include "temp_dir.h"
@@ -26,6 +27,24 @@ std::vector<int32_t> random_prompt(int length, int vocab, uint32_t seed) {
   std::vector<int32_t> prompt(static_cast<size_t>(length));
   for (int32_t& t : prompt) t = id(rng);
   return prompt;
+}
+
+// The greedy loops' device argmax: the ids of up to max_rows rows, by the host rule; more rows are refused.
+TEST(DeviceArgmax, IdsOfUpToItsRowsByTheHostRule) {
+  auto backend = make_cpu_backend();
+  const std::vector<float> logits = {0.5f, 3.0f, 3.0f, -1.0f,  // a tie: 1
+                                     7.0f, 0.0f, 1.0f, 2.0f,   // 0
+                                     0.0f, 0.0f, 0.0f, 9.0f};  // 3
+  auto buffer = backend->alloc(DType::F32, 3, 4);
+  backend->write(buffer->tensor(), logits.data());
+  DeviceArgmax device_argmax(*backend, 3);
+  const std::span<const int32_t> ids = device_argmax(buffer->tensor());
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{1, 0, 3}));
+  const std::span<const int32_t> last = device_argmax(buffer->tensor().rows_view(2, 1));
+  EXPECT_EQ(std::vector<int32_t>(last.begin(), last.end()), std::vector<int32_t>{3});
+  DeviceArgmax one_row(*backend, 1);
+  EXPECT_EQ(testing_support::error_message([&] { one_row(buffer->tensor()); }, "no error"),
+            "argmax of 3 rows; this DeviceArgmax holds 1");
 }
 
 class SpeculativeLossless : public testing::TestWithParam<std::filesystem::path> {

@@ -24,6 +24,8 @@ namespace {
 
 // Grid dimensions y are limited to 65535; rows of one call ride on them in some kernels.
 constexpr int64_t kMaxRows = 65535;
+// Rows of logits the argmax workspace holds at least.
+constexpr int64_t kArgmaxWorkspaceRows = 64;
 
 class CudaBuffer final : public Buffer {
  public:
@@ -312,8 +314,11 @@ class CudaBackend final : public Backend {
   void argmax(const Tensor& out_ids, const Tensor& logits) override {
     check_argmax_args(out_ids, logits);
     require_rows_limit("argmax", logits.rows);
-    const size_t bytes = argmax_workspace_bytes(logits.rows, logits.cols);
-    // Grows rarely (the first call of a larger shape); cudaFree of the old one waits for its users.
+    // Sized for at least kArgmaxWorkspaceRows rows, so that the calls inside step graphs (a draft step's 15
+    // rows) never see it reallocated by a later call of up to that many rows (a verify's 16, a decode's 1): a
+    // recorded graph keeps the old pointer. Wider or many-row calls grow it (cudaFree waits for its users).
+    const int64_t rows = logits.rows > kArgmaxWorkspaceRows ? logits.rows : kArgmaxWorkspaceRows;
+    const size_t bytes = argmax_workspace_bytes(rows, logits.cols);
     if (bytes > argmax_workspace_.bytes()) argmax_workspace_ = DeviceMemory(bytes);
     check_cuda(launch_argmax(out_ids, logits, argmax_workspace_.data(), stream()), "argmax");
   }
