@@ -221,6 +221,7 @@ void run_bench(const BenchArgs& args) {
     // The draft step over a context of args.context tokens, and the commit (GDN replay) of a whole verify
     // step.
     LoadedDrafter drafter = LoadedDrafter::open(args.draft_model, loaded, args.model_dir);
+    drafter.model->set_step_graphs(!args.no_graphs);
     const DFlashConfig& dc = drafter.model->config();
     auto draft_state = drafter.model->new_state(state->max_context);
     model.reset(*state);
