@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Server overhead of `qspec serve`: request latency through HTTP minus the in-process `qspec generate` latency
-(prefill + decode) for the same tokens, and the time to the first streamed token's bytes minus generate's
-prefill time. Medians over --runs; greedy with ignore_eos so that every run makes the same tokens.
+"""Server overhead of `qspec serve`: a request's latency at the client minus the engine's in-process generation
+time for the same request (generate() from start to end, from the server's access log line, matched by
+X-Request-Id), and the time to the first streamed token's bytes minus the engine's time to that token
+(prefill + the first sample). Medians over --runs; greedy with ignore_eos so that every run makes the same
+tokens, checked against `qspec generate` (whose cold-process timings are recorded for reference).
 
   python3 bench/server_bench.py --qspec build/qspec --model DIR [--prompt TEXT] [--max-tokens N] [--runs N]
 
@@ -15,6 +17,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -23,8 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def start_server(qspec, model):
-    process = subprocess.Popen([qspec, "serve", "--model", model, "--port", "0", "--quiet"],
-                               stderr=subprocess.PIPE, text=True)
+    """The server, its URL, and a dict request id -> access log record filled by a reader thread."""
+    process = subprocess.Popen([qspec, "serve", "--model", model, "--port", "0"], stderr=subprocess.PIPE, text=True)
     for line in process.stderr:
         match = re.search(r"listening on (http://[\d.]+:\d+)", line)
         if match:
@@ -32,8 +35,27 @@ def start_server(qspec, model):
             break
     for line in process.stderr:
         if "ready" in line:
-            return process, url
-    raise RuntimeError("qspec serve did not start")
+            break
+    else:
+        raise RuntimeError("qspec serve did not start")
+    log = {}
+
+    def read_log():
+        for text in process.stderr:
+            if text.startswith("{"):
+                record = json.loads(text)
+                log[record["request_id"].split("-", 1)[1]] = record  # "cmpl-" + the X-Request-Id
+
+    threading.Thread(target=read_log, daemon=True).start()
+    return process, url, log
+
+
+def engine_ms(log, request_id, field):
+    for _ in range(1000):  # the log line is written when the engine finishes, just before or after the reply
+        if request_id in log:
+            return log[request_id][field]
+        time.sleep(0.001)
+    raise RuntimeError(f"no access log line for {request_id}")
 
 
 def main():
@@ -54,25 +76,31 @@ def main():
     prefill = statistics.median(r["timings"]["prefill_seconds"] for r in engine)
     generate_total = statistics.median(r["timings"]["prefill_seconds"] + r["timings"]["decode_seconds"] for r in engine)
 
-    process, url = start_server(args.qspec, args.model)
+    process, url, log = start_server(args.qspec, args.model)
     body = {"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
     try:
         with httpx.Client(base_url=url, timeout=120) as client:
             client.post("/v1/completions", json=body)  # warm-up: connection, first allocation
-            latencies, first_token = [], []
-            for _ in range(args.runs):
+            latencies, overheads, first_token, first_token_overheads = [], [], [], []
+            for run in range(args.runs):
+                request_id = f"bench-{run}"
                 start = time.perf_counter()
-                response = client.post("/v1/completions", json=body).json()
-                latencies.append(time.perf_counter() - start)
+                response = client.post("/v1/completions", json=body, headers={"X-Request-Id": request_id}).json()
+                latency = time.perf_counter() - start
                 assert response["choices"][0]["token_ids"] == engine[0]["tokens"], "server and generate differ"
-            for _ in range(args.runs):
+                latencies.append(latency)
+                overheads.append(latency * 1e3 - engine_ms(log, request_id, "engine_ms"))
+            for run in range(args.runs):
+                request_id = f"bench-stream-{run}"
                 start = time.perf_counter()
-                with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
-                    for line in stream.iter_lines():
-                        if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["token_ids"]:
+                with client.stream("POST", "/v1/completions", json={**body, "stream": True},
+                                   headers={"X-Request-Id": request_id}) as stream:
+                    for line in stream.iter_lines():  # read to the end, so that the request ends normally
+                        if (len(first_token) == run and line.startswith("data: {")
+                                and json.loads(line[6:])["choices"][0]["token_ids"]):
                             first_token.append(time.perf_counter() - start)
-                            break
+                first_token_overheads.append(first_token[-1] * 1e3 - engine_ms(log, request_id, "engine_ttft_ms"))
     finally:
         process.terminate()
         process.wait(30)
@@ -87,10 +115,11 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "backend": "cpu", "model": args.model, "prompt_tokens": engine[0]["prompt_tokens"],
         "completion_tokens": args.max_tokens, "runs": args.runs,
-        "generate_latency_ms": generate_total * 1e3, "server_latency_ms": server_total * 1e3,
-        "server_overhead_ms": (server_total - generate_total) * 1e3,
-        "generate_prefill_ms": prefill * 1e3, "server_first_token_bytes_ms": ttfb * 1e3,
-        "first_token_bytes_minus_prefill_ms": (ttfb - prefill) * 1e3,
+        "server_latency_ms": server_total * 1e3,
+        "server_overhead_ms": statistics.median(overheads),
+        "server_first_token_bytes_ms": ttfb * 1e3,
+        "first_token_bytes_minus_prefill_ms": statistics.median(first_token_overheads),
+        "cold_process_generate_latency_ms": generate_total * 1e3, "cold_process_generate_prefill_ms": prefill * 1e3,
         "targets": {"server_overhead_ms": 1.0, "first_token_bytes_minus_prefill_ms": 1.0},
     }
     out = ROOT / "bench" / "results" / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-server-cpu-{platform.node()}.json"

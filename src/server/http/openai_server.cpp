@@ -438,6 +438,12 @@ class OpenAiServer::Impl {
         {"queue_ms", record.queue_seconds * 1e3},
         {"ttft_ms", record.ttft_seconds >= 0 ? Json(record.ttft_seconds * 1e3) : Json(nullptr)},
         {"e2e_ms", record.e2e_seconds * 1e3},
+        // The engine's own time for the request (generate() from start to end, and to the first token): what
+        // the server adds is the client's latency minus these (bench/server_bench.py).
+        {"engine_ms", seconds_between(times.started, times.finished) * 1e3},
+        {"engine_ttft_ms", times.has_first_token
+                               ? Json(seconds_between(times.started, times.first_token) * 1e3)
+                               : Json(nullptr)},
         {"draft_tokens", record.draft_tokens},
         {"accepted_tokens", record.accepted_tokens},
         {"acceptance", record.draft_tokens > 0
