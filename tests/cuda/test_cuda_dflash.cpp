@@ -215,8 +215,8 @@ TEST(CudaDFlash, DrafterMatchesOracle) {
     std::vector<float> first_step(step_floats);
     std::memcpy(first_step.data(), logits.data, step_floats * sizeof(float));
     expect_close("dflash", dir.filename().string() + " step 0 draft logits vs oracle",
-                 read_all(*target.backend, drafter.model->draft(*draft_state, tokens[0], window).logits), first_step,
-                 kModelTolerance);
+                 read_all(*target.backend, drafter.model->draft(*draft_state, tokens[0], window).logits),
+                 first_step, kModelTolerance);
 
     target.model->reset(*state);
     drafter.model->reset(*draft_state);
@@ -228,6 +228,47 @@ TEST(CudaDFlash, DrafterMatchesOracle) {
     const Drafter pair{*drafter.model, *draft_state};
     const GenerationResult result = generate_speculative(*target.model, *state, &pair, prompt, options, spec);
     EXPECT_EQ(result.tokens, tokens) << dir.filename();
+  }
+}
+
+// The drafter's context and draft steps replayed from step graphs compute exactly what the same ops issued
+// one by one compute: two drafters on one GPU target, graphs on and off, fed the same features one token at a
+// time (each step recorded on its second run, replayed from the third).
+TEST(CudaDFlash, DrafterStepGraphsEqualDirectOps) {
+  for (const fs::path& dir : fixture_dirs("dflash", "oracle.safetensors")) {
+    const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "oracle.json"));
+    const std::string target_dir =
+        (fixtures_root() / "qwen35" / fs::path(meta.at("target").get<std::string>()).filename()).string();
+    const int window = meta.at("draft_window").get<int>();
+    LoadedModel target = LoadedModel::open(target_dir, "cuda");
+    LoadedDrafter graphed = LoadedDrafter::open(dir.string(), target, target_dir);
+    LoadedDrafter direct = LoadedDrafter::open(dir.string(), target, target_dir);
+    direct.model->set_step_graphs(false);
+    auto state = target.model->new_state(64);
+    auto graphed_state = graphed.model->new_state(64), direct_state = direct.model->new_state(64);
+    ForwardOptions features;
+    features.logits = false;
+    features.hidden_layers = graphed.model->config().target_layer_ids;
+    auto ids_of = [&](const Tensor& ids) {
+      std::vector<int32_t> out(size_t(ids.rows));
+      target.backend->read(out.data(), ids);
+      return out;
+    };
+    int32_t token = 1;
+    for (int step = 0; step < 5; ++step) {
+      const ForwardOutput out = target.model->forward(*state, std::span(&token, 1), features);
+      graphed.model->add_context(*graphed_state, out.hidden);
+      direct.model->add_context(*direct_state, out.hidden);
+      const DraftOutput from_graph = graphed.model->draft(*graphed_state, token, window);
+      const std::vector<float> graph_logits = read_all(*target.backend, from_graph.logits);
+      const std::vector<int32_t> graph_ids = ids_of(from_graph.ids);
+      const DraftOutput from_ops = direct.model->draft(*direct_state, token, window);
+      const std::string label = fmt::format("{} step {}", dir.filename().string(), step);
+      expect_close("dflash", label + " draft logits, step graphs vs direct", graph_logits,
+                   read_all(*target.backend, from_ops.logits), 0.0);
+      EXPECT_EQ(graph_ids, ids_of(from_ops.ids)) << label;
+      token = graph_ids.front();
+    }
   }
 }
 
