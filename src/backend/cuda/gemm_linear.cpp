@@ -63,7 +63,9 @@ void GemmLinear::run(const Tensor& out, const Tensor& x, const LinearWeight& w, 
     bf16_gemm(handle_, out, x_bf16, w.weight.data, w.weight.rows <= 1 ? k : w.weight.stride, k);
     return;
   }
-  const int64_t slice_rows = std::min(w.out_features, std::max<int64_t>(1, kSliceElements / k));
+  // Rows of a slice ride on grid.y of the dequantizing kernel (at most 65535).
+  const int64_t slice_rows =
+      std::min({w.out_features, int64_t{65535}, std::max<int64_t>(1, kSliceElements / k)});
   void* weight_bf16 = scratch(weight_bf16_, static_cast<size_t>(slice_rows * k) * kBf16Bytes);
   for (int64_t first = 0; first < w.out_features; first += slice_rows) {
     const int64_t rows = std::min(slice_rows, w.out_features - first);

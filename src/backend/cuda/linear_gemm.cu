@@ -24,25 +24,28 @@ __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t 
   }
 }
 
-// One thread per packed word: 8 consecutive values of one row.
+// One thread per packed word: 8 consecutive values of one row (blockIdx.y), which leave in one 16-byte store
+// (a row of out is in_features values, a multiple of 8, so every word's values are 16-byte aligned).
 template <typename S>
 __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* packed, int64_t packed_stride,
                                         const S* scales, int64_t scales_stride, int group_size,
-                                        int64_t first_row, int64_t rows, int64_t words_per_row) {
-  const int64_t total = rows * words_per_row;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * kBlock) {
-    const int64_t r = i / words_per_row, w = i % words_per_row;
-    const uint32_t word = packed[(first_row + r) * packed_stride + w];
-    const S* row_scales = scales + (first_row + r) * scales_stride;
-    __nv_bfloat16* values = out + r * words_per_row * 8 + w * 8;
+                                        int64_t first_row, int64_t words_per_row) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (w >= words_per_row) return;
+  const int64_t r = blockIdx.y;
+  const uint32_t word = packed[(first_row + r) * packed_stride + w];
+  const S* row_scales = scales + (first_row + r) * scales_stride;
+  uint32_t pairs[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int nibble = static_cast<int>((word >> (4 * j)) & 0xFu);
-      values[j] = __float2bfloat16_rn(static_cast<float>(nibble - 8) *
-                                      to_float(row_scales[(w * 8 + j) / group_size]));
-    }
+  for (int j = 0; j < 8; j += 2) {
+    const float low = static_cast<float>(static_cast<int>((word >> (4 * j)) & 0xFu) - 8) *
+                      to_float(row_scales[(w * 8 + j) / group_size]);
+    const float high = static_cast<float>(static_cast<int>((word >> (4 * j + 4)) & 0xFu) - 8) *
+                       to_float(row_scales[(w * 8 + j + 1) / group_size]);
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    pairs[j / 2] = *reinterpret_cast<const uint32_t*>(&pair);
   }
+  reinterpret_cast<uint4*>(out)[r * words_per_row + w] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
 unsigned grid_for(int64_t items) {
@@ -64,9 +67,11 @@ cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t fi
   const int64_t words_per_row = w.in_features / 8;
   return with_weight_type(w.scales.dtype, [&](auto type) {
     using S = decltype(type);
-    dequantize_w4a16_kernel<S><<<grid_for(rows * words_per_row), kBlock, 0, stream>>>(
+    const dim3 grid(static_cast<unsigned>((words_per_row + kBlock - 1) / kBlock),
+                    static_cast<unsigned>(rows));
+    dequantize_w4a16_kernel<S><<<grid, kBlock, 0, stream>>>(
         static_cast<__nv_bfloat16*>(out), w.packed.ptr<const uint32_t>(), w.packed.stride,
-        w.scales.ptr<const S>(), w.scales.stride, w.group_size, first_row, rows, words_per_row);
+        w.scales.ptr<const S>(), w.scales.stride, w.group_size, first_row, words_per_row);
     return cudaGetLastError();
   });
 }
