@@ -83,6 +83,9 @@ class Backend {
   virtual bool can_capture() const { return false; }
   // Records the ops `record` issues (only ops: no alloc, write, read or synchronize inside).
   virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& record);
+  // Changes whenever the backend reallocates a workspace that its ops use (they grow on a step's first,
+  // unrecorded run): step graphs recorded before then hold freed memory and must be recorded again.
+  virtual uint64_t workspace_generation() const { return 0; }
 
   // ---- ops
   // out[t] = table[ids[t]] ; ids I32 [T, 1], table [V, H] (any weight dtype)
@@ -142,8 +145,8 @@ class Backend {
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;
-  // out_ids[r] = the index of row r's largest logit: logits F32 [rows, V] (V >= 1), out_ids I32 [rows, 1]. The
-  // lowest index on ties; the first NaN when the row holds one (backend/argmax.h, as torch.argmax).
+  // out_ids[r] = the index of row r's largest logit: logits F32 [rows, V] (V >= 1), out_ids I32 [rows, 1].
+  // The lowest index on ties; the first NaN when the row holds one (backend/argmax.h, as torch.argmax).
   virtual void argmax(const Tensor& out_ids, const Tensor& logits) = 0;
 };
 

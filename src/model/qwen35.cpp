@@ -121,7 +121,8 @@ Qwen35Model::Qwen35Model(Qwen35Config config, const TensorStore& store, Backend&
     : config_(std::move(config)),
       backend_(backend),
       weights_(load_weights(config_, store, backend)),
-      ws_(std::make_unique<Workspace>()) {}
+      ws_(std::make_unique<Workspace>()),
+      graphs_(backend, kMaxStepGraphs) {}
 
 Qwen35Model::~Qwen35Model() = default;
 
@@ -290,7 +291,7 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   backend_.write(first_rows(ws.ids, T), tokens.data());
   backend_.write(first_rows(ws.positions, T), positions.data());
 
-  run_recorded(
+  graphs_.run(
       {state.id, options.advance ? Step::Forward : Step::Verify, T, logit_rows, options.hidden_layers},
       [&] { run_step(state, T, logit_rows, options.hidden_layers, options.advance); });
   if (options.advance) {
@@ -311,7 +312,7 @@ void Qwen35Model::commit(Qwen35State& state, int rows) {
   if (rows < 0 || rows > state.pending_rows)
     fail("commit: {} rows, but the pending verify step has {}", rows, state.pending_rows);
   if (rows > 0) {
-    run_recorded({state.id, Step::Commit, rows, 0, {}}, [&] {
+    graphs_.run(GraphKey{state.id, Step::Commit, rows, 0, {}}, [&] {
       const GdnShape shape = gdn_shape(config_);
       for (size_t i = 0; i < weights_.layers.size(); ++i) {
         const Qwen35Layer& layer = weights_.layers[i];
@@ -329,23 +330,6 @@ void Qwen35Model::commit(Qwen35State& state, int rows) {
   }
   state.n_past += rows;
   state.pending_rows = 0;
-}
-
-void Qwen35Model::run_recorded(const GraphKey& key, const std::function<void()>& ops) {
-  if (!step_graphs_ || !backend_.can_capture()) {
-    ops();
-    return;
-  }
-  // The first step of a shape runs directly (ops may size their workspaces then); the second records it.
-  auto found = graphs_.find(key);
-  if (found == graphs_.end()) {
-    if (graphs_.size() >= kMaxStepGraphs) graphs_.clear();
-    graphs_.emplace(key, nullptr);
-    ops();
-  } else {
-    if (!found->second) found->second = backend_.capture(ops);
-    found->second->launch();
-  }
 }
 
 void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,

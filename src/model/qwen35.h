@@ -10,6 +10,7 @@
 
 #include "backend/ops.h"
 #include "io/model_config.h"
+#include "model/step_graph_cache.h"
 #include "model/weight_upload.h"
 
 namespace qspec {
@@ -93,7 +94,7 @@ class Qwen35Model {
   void reset(Qwen35State& state) const;
 
   // Steps of a shape seen before replay a recorded step graph on backends that can record them (default on).
-  void set_step_graphs(bool enabled) { step_graphs_ = enabled; }
+  void set_step_graphs(bool enabled) { graphs_.set_enabled(enabled); }
 
   // Feeds `tokens` at positions state.n_past.. and advances the state (unless options.advance is false).
   ForwardOutput forward(Qwen35State& state, std::span<const int32_t> tokens, const ForwardOptions& options);
@@ -109,7 +110,7 @@ class Qwen35Model {
  private:
   struct Workspace;
   enum class Step { Forward, Verify, Commit };
-  // A step's shape and state; a null graph marks a shape that ran once and is recorded on its next step.
+  // A step's shape and state.
   struct GraphKey {
     uint64_t state_id;
     Step step;
@@ -121,8 +122,6 @@ class Qwen35Model {
   bool ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count);
   // Grows the state's pending_* buffers to `rows`; true when reallocated.
   bool ensure_pending(Qwen35State& state, int rows);
-  // Runs `ops` directly, or through the step graph recorded for `key`.
-  void run_recorded(const GraphKey& key, const std::function<void()>& ops);
   // Every op of one step, from the ids and positions already in the workspace.
   void run_step(Qwen35State& state, int64_t T, int64_t logit_rows, const std::vector<int>& hidden_layers,
                 bool advance);
@@ -138,9 +137,8 @@ class Qwen35Model {
   std::unique_ptr<Workspace> ws_;
 
   static constexpr size_t kMaxStepGraphs = 64;
-  bool step_graphs_ = true;
   uint64_t next_state_id_ = 1;
-  std::map<GraphKey, std::unique_ptr<StepGraph>> graphs_;
+  StepGraphCache<GraphKey> graphs_;
 };
 
 }  // namespace qspec

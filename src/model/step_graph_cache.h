@@ -2,9 +2,11 @@
 // directly (ops may size their workspaces then), the second records them, later ones replay the recording
 // (one launch). A recording reads and writes the buffers it was recorded with: a key must tell apart every
 // input a step reads through a pointer that can change, and clear() is due when the model reallocates one.
+// Recordings made before the backend reallocated one of its own workspaces are dropped on the next run.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 
@@ -32,6 +34,10 @@ class StepGraphCache {
       ops();
       return;
     }
+    if (backend_.workspace_generation() != generation_) {
+      graphs_.clear();
+      generation_ = backend_.workspace_generation();
+    }
     auto found = graphs_.find(key);
     if (found == graphs_.end()) {
       if (graphs_.size() >= capacity_) graphs_.clear();
@@ -47,6 +53,7 @@ class StepGraphCache {
   Backend& backend_;
   size_t capacity_;
   bool enabled_ = true;
+  uint64_t generation_ = 0;  // the backend's workspace generation the recordings were made in
   std::map<Key, std::unique_ptr<StepGraph>> graphs_;
 };
 

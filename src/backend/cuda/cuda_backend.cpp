@@ -150,6 +150,9 @@ class CudaBackend final : public Backend {
   }
 
   bool can_capture() const override { return true; }
+  uint64_t workspace_generation() const override {
+    return workspace_generation_ + (gemm_ ? gemm_->scratch_generation() : 0);
+  }
   std::unique_ptr<StepGraph> capture(const std::function<void()>& record) override {
     return capture_graph(stream(), record);
   }
@@ -255,7 +258,7 @@ class CudaBackend final : public Backend {
     const size_t workspace_bytes = attention_workspace_bytes(out, q, k_cache, v_cache, shape.num_heads,
                                                              shape.num_kv_heads, shape.head_dim);
     // Grows rarely (the first call of a larger shape); cudaFree of the old one waits for its users.
-    if (workspace_bytes > attention_workspace_.bytes()) attention_workspace_ = DeviceMemory(workspace_bytes);
+    grow(attention_workspace_, workspace_bytes);
     check_cuda(launch_attention(out, q, k_cache, v_cache, positions, shape.num_heads, shape.num_kv_heads,
                                 shape.head_dim, shape.scale, attention_workspace_.data(), stream()),
                "attention");
@@ -298,7 +301,7 @@ class CudaBackend final : public Backend {
     if (qkv.rows >= kGdnChunkedMinTokens && gated_delta_rule_chunked_fits(dk, dv, max_shared_bytes_)) {
       const size_t bytes = gated_delta_rule_chunked_workspace_bytes(qkv.rows, nv, dk, dv);
       // Grows rarely (the first prefill of a longer prompt); cudaFree of the old one waits for its users.
-      if (bytes > gdn_workspace_.bytes()) gdn_workspace_ = DeviceMemory(bytes);
+      grow(gdn_workspace_, bytes);
       check_cuda(launch_gated_delta_rule_chunked(out, qkv, beta, g, state, nk, nv, dk, dv, update_state,
                                                  gdn_workspace_.data(), stream()),
                  "gated_delta_rule (chunked)");
@@ -319,23 +322,28 @@ class CudaBackend final : public Backend {
     // recorded graph keeps the old pointer. Wider or many-row calls grow it (cudaFree waits for its users).
     const int64_t rows = logits.rows > kArgmaxWorkspaceRows ? logits.rows : kArgmaxWorkspaceRows;
     const size_t bytes = argmax_workspace_bytes(rows, logits.cols);
-    if (bytes > argmax_workspace_.bytes()) argmax_workspace_ = DeviceMemory(bytes);
+    grow(argmax_workspace_, bytes);
     check_cuda(launch_argmax(out_ids, logits, argmax_workspace_.data(), stream()), "argmax");
   }
 
  private:
   cudaStream_t stream() const { return stream_->get(); }
 
+  // Reallocates `memory` when it holds fewer than `bytes` (the old contents are dropped); true when it did.
+  bool grow(DeviceMemory& memory, size_t bytes) {
+    if (bytes <= memory.bytes()) return false;
+    memory = DeviceMemory(bytes);
+    ++workspace_generation_;
+    return true;
+  }
+
   // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
   // recorded. New counters start at zero; the kernel leaves them at zero.
   LinearMmaWorkspace linear_mma_workspace(int64_t rows, const LinearWeight& w) {
     const LinearMmaWorkspaceSize size = linear_mma_workspace_size(rows, w.out_features, w.in_features);
-    if (size.partial_floats * sizeof(float) > linear_partials_.bytes())
-      linear_partials_ = DeviceMemory(size.partial_floats * sizeof(float));
-    if (size.counters * sizeof(unsigned) > linear_counters_.bytes()) {
-      linear_counters_ = DeviceMemory(size.counters * sizeof(unsigned));
+    grow(linear_partials_, size.partial_floats * sizeof(float));
+    if (grow(linear_counters_, size.counters * sizeof(unsigned)))
       check_cuda(cudaMemset(linear_counters_.data(), 0, linear_counters_.bytes()), "linear counters");
-    }
     return {static_cast<float*>(linear_partials_.data()), static_cast<unsigned*>(linear_counters_.data())};
   }
 
@@ -346,12 +354,13 @@ class CudaBackend final : public Backend {
   static constexpr size_t kStagingBytes = size_t{1} << 20;
   PinnedHostMemory staging_;  // host bytes of write() in flight, made on first use
   size_t staging_used_ = 0;
-  DeviceMemory attention_workspace_;  // attention's split partials and prefill's BF16 hi/lo K/V
-  DeviceMemory gdn_workspace_;        // the chunked gated delta rule's per-chunk operands
-  DeviceMemory linear_partials_;      // split-K partial sums of the tensor-core linear
-  DeviceMemory linear_counters_;      // its per-tile arrival counters
-  DeviceMemory argmax_workspace_;     // argmax's per-slice candidates
-  std::unique_ptr<GemmLinear> gemm_;  // many-row linear on cuBLAS, made on first use
+  uint64_t workspace_generation_ = 0;  // bumped by grow()
+  DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
+  DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
+  DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
+  DeviceMemory linear_counters_;       // its per-tile arrival counters
+  DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
+  std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
 };
 
 }  // namespace

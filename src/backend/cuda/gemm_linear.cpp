@@ -48,7 +48,10 @@ bool GemmLinear::supports(const LinearWeight& w) {
 }
 
 void* GemmLinear::scratch(DeviceMemory& memory, size_t bytes) {
-  if (bytes > memory.bytes()) memory = DeviceMemory(bytes);
+  if (bytes > memory.bytes()) {
+    memory = DeviceMemory(bytes);
+    ++scratch_generation_;
+  }
   return memory.data();
 }
 

@@ -25,12 +25,15 @@ class GemmLinear {
   static bool supports(const LinearWeight& w);
   // Scratch grows here (a step's first, unrecorded run); a recorded step reuses it.
   void run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream);
+  // Counts the reallocations of the scratch buffers (step graphs recorded before one are stale).
+  uint64_t scratch_generation() const { return scratch_generation_; }
 
  private:
   void* scratch(DeviceMemory& memory, size_t bytes);
 
   cublasHandle_t handle_ = nullptr;
   DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_;
+  uint64_t scratch_generation_ = 0;
 };
 
 }  // namespace qspec::cuda
