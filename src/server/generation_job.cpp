@@ -65,7 +65,9 @@ void GenerationJob::publish(const ReplyDelta& delta, std::optional<TokenId> id) 
     append(pending_, delta, id);
     append(total_, delta, id);
   }
-  changed_.notify_all();
+  // A non-streamed request's HTTP thread waits for the end (and its client): a wake-up per token would only
+  // take CPU time from the engine.
+  if (spec_.streamed) changed_.notify_all();
 }
 
 void GenerationJob::finish(const std::string& finish_reason, const std::string& error, int64_t draft_tokens,

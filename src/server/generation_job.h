@@ -26,6 +26,7 @@ struct JobSpec {
   std::vector<std::string> stop_strings;
   bool split_reasoning = false;  // a chat reply: reasoning apart from the answer
   bool in_reasoning = false;     // the prompt opened a <think> block
+  bool streamed = false;         // the HTTP thread takes output as it comes (else only at the end)
 };
 
 // What the HTTP thread has not taken yet (streaming), or everything (at the end).

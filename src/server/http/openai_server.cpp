@@ -283,6 +283,7 @@ class OpenAiServer::Impl {
   JobSpec job_spec(const OpenAiRequest& request, const std::string& id) const {
     JobSpec spec;
     spec.id = id;
+    spec.streamed = request.stream;
     const bool chat = request.endpoint == Endpoint::kChat;
     const char* prompt_field = chat ? "messages" : "prompt";
     if (chat) {
