@@ -1,5 +1,7 @@
 #include "engine/served_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace qspec {
@@ -43,14 +45,24 @@ ServedModel::ServedModel(const ServedModelOptions& options)
   }
 }
 
+void ServedModel::prepare_states(int positions) {
+  if (!state_ || state_->max_context < positions) {
+    const int rounded = (positions + kStatePositionsStep - 1) / kStatePositionsStep * kStatePositionsStep;
+    const int capacity = std::max(positions, std::min(rounded, max_model_len_));
+    state_ = target_.model->new_state(capacity);
+    if (drafter_) draft_state_ = drafter_->model->new_state(capacity);
+    return;  // new states start reset
+  }
+  target_.model->reset(*state_);
+  if (drafter_) drafter_->model->reset(*draft_state_);
+}
+
 GenerationResult ServedModel::generate(std::span<const TokenId> prompt, const GenerationOptions& options,
                                        const TokenCallback& on_token) {
-  const int context = int(prompt.size()) + options.max_tokens;
-  auto state = target_.model->new_state(context);
-  if (!drafter_) return qspec::generate(*target_.model, *state, prompt, options, on_token);
-  auto draft_state = drafter_->model->new_state(context);
-  const Drafter drafter{*drafter_->model, *draft_state};
-  return generate_speculative(*target_.model, *state, &drafter, prompt, options, speculative_, on_token);
+  prepare_states(int(prompt.size()) + options.max_tokens);
+  if (!drafter_) return qspec::generate(*target_.model, *state_, prompt, options, on_token);
+  const Drafter drafter{*drafter_->model, *draft_state_};
+  return generate_speculative(*target_.model, *state_, &drafter, prompt, options, speculative_, on_token);
 }
 
 }  // namespace qspec

@@ -40,15 +40,23 @@ class ServedModel {
 
   bool speculative() const { return drafter_.has_value(); }
 
-  // One request on fresh states of prompt + max_tokens positions: plain decoding, or speculative decoding
-  // when a drafter is loaded (same callback semantics; greedy output equal to plain decoding's, sampled
-  // output of the same distribution). Call from one thread at a time.
+  // One request, plain decoding or speculative decoding when a drafter is loaded (same callback semantics;
+  // greedy output equal to plain decoding's, sampled output of the same distribution). The states are kept
+  // between requests and reset (so step graphs recorded on them are replayed by later requests); they grow
+  // when a request needs more positions. Call from one thread at a time.
   GenerationResult generate(std::span<const TokenId> prompt, const GenerationOptions& options,
                             const TokenCallback& on_token);
 
  private:
+  // The states of the last request, reset for the next one: grown to prompt + max_tokens positions when
+  // short, rounded up to kStatePositionsStep (at most max_model_len).
+  void prepare_states(int positions);
+
+  static constexpr int kStatePositionsStep = 4096;
   LoadedModel target_;
   std::optional<LoadedDrafter> drafter_;
+  std::unique_ptr<Qwen35State> state_;
+  std::unique_ptr<DFlashState> draft_state_;
   SpeculativeOptions speculative_;
   int max_model_len_;
   std::optional<ModelTokenizer> tokenizer_;
