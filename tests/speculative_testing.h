@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
+#include "fixture_files.h"
 #include "io/synthetic_checkpoint.h"
 #include "model/qwen35.h"
 
@@ -16,13 +17,7 @@ namespace qspec::speculative_testing {
 
 // The Qwen3.5 fixture checkpoints of tools/oracle/make_qwen35_fixtures.py, sorted.
 inline std::vector<std::filesystem::path> target_fixture_dirs() {
-  std::vector<std::filesystem::path> dirs;
-  const std::filesystem::path root = std::filesystem::path(QSPEC_FIXTURES_DIR) / "qwen35";
-  if (std::filesystem::exists(root))
-    for (const auto& entry : std::filesystem::directory_iterator(root))
-      if (std::filesystem::exists(entry.path() / "config.json")) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
+  return fixture_files::fixture_dirs("qwen35", "config.json");
 }
 
 // A gtest parameter name from a fixture directory ("causal-tied-bf16" -> "causal_tied_bf16").

@@ -17,6 +17,7 @@
 #include "engine/loaded_model.h"
 #include "engine/speculative.h"
 #include "error_message.h"
+#include "fixture_files.h"
 #include "io/safetensors.h"
 #include "speculative_testing.h"
 #include "temp_dir.h"
@@ -25,31 +26,14 @@ namespace qspec {
 namespace {
 
 namespace fs = std::filesystem;
+using fixture_files::fixture_dirs;
+using fixture_files::stored_values;
 using speculative_testing::read_floats;
 
 // Both sides compute in fp32 from the same weights; the target's features already differ by ~1e-5 of their
 // scale (test_qwen35_oracle), and the drafter adds its own summation-order differences.
 constexpr double kDraftLogitTolerance = 1e-4;  // max |qspec - oracle| / max |oracle| over a step's logits
 constexpr float kDraftMargin = 1e-2f;  // a draft may differ only where the oracle's top1 - top2 is below this
-
-std::vector<fs::path> drafter_fixture_dirs() {
-  std::vector<fs::path> dirs;
-  const fs::path root = fs::path(QSPEC_FIXTURES_DIR) / "dflash";
-  if (fs::exists(root))
-    for (const auto& entry : fs::directory_iterator(root))
-      if (fs::exists(entry.path() / "oracle.safetensors")) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-template <typename T>
-std::vector<T> values(const TensorStore& store, const std::string& name) {
-  const TensorView& v = store.get(name);
-  std::vector<T> out(size_t(v.numel()));
-  if (v.nbytes != out.size() * sizeof(T)) ADD_FAILURE() << name << ": unexpected dtype";
-  std::memcpy(out.data(), v.data, std::min(v.nbytes, out.size() * sizeof(T)));
-  return out;
-}
 
 double relative_error(const std::vector<float>& a, const float* b, size_t n) {
   double diff = 0, scale = 0;
@@ -73,8 +57,8 @@ class DFlashOracle : public testing::TestWithParam<fs::path> {
     store_ = std::make_unique<TensorStore>(TensorStore::open_dir(dir.string()));
     drafter_ =
         std::make_unique<DFlashModel>(DFlashConfig::load(dir.string()), *store_, *target_.model, target_dir_);
-    prompt_ = values<int32_t>(*oracle_, "prompt");
-    tokens_ = values<int32_t>(*oracle_, "tokens");
+    prompt_ = stored_values<int32_t>(*oracle_, "prompt");
+    tokens_ = stored_values<int32_t>(*oracle_, "tokens");
     window_ = meta_.at("draft_window").get<int>();
   }
 
@@ -91,8 +75,8 @@ class DFlashOracle : public testing::TestWithParam<fs::path> {
 // the drafter's feature layers, hand the features to the drafter, draft the oracle's bonus.
 TEST_P(DFlashOracle, EveryStepsDraftLogitsMatch) {
   Qwen35Model& target = *target_.model;
-  const std::vector<int32_t> starts = values<int32_t>(*oracle_, "starts");
-  const std::vector<float> logits = values<float>(*oracle_, "draft_logits");
+  const std::vector<int32_t> starts = stored_values<int32_t>(*oracle_, "starts");
+  const std::vector<float> logits = stored_values<float>(*oracle_, "draft_logits");
   const size_t step_size = logits.size() / starts.size();
   std::vector<int32_t> sequence = prompt_;
   sequence.insert(sequence.end(), tokens_.begin(), tokens_.end());
@@ -130,9 +114,9 @@ TEST_P(DFlashOracle, EveryStepsDraftLogitsMatch) {
 // oracle's.
 TEST_P(DFlashOracle, SpeculativeRunMatches) {
   Qwen35Model& target = *target_.model;
-  const std::vector<int32_t> drafts = values<int32_t>(*oracle_, "drafts");
-  const std::vector<int32_t> accepted = values<int32_t>(*oracle_, "accepted");
-  const std::vector<float> margins = values<float>(*oracle_, "draft_margins");
+  const std::vector<int32_t> drafts = stored_values<int32_t>(*oracle_, "drafts");
+  const std::vector<int32_t> accepted = stored_values<int32_t>(*oracle_, "accepted");
+  const std::vector<float> margins = stored_values<float>(*oracle_, "draft_margins");
   GenerationOptions options;
   options.max_tokens = int(tokens_.size());
   options.ignore_eos = true;
@@ -155,13 +139,14 @@ TEST_P(DFlashOracle, SpeculativeRunMatches) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, DFlashOracle, testing::ValuesIn(drafter_fixture_dirs()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, DFlashOracle,
+                         testing::ValuesIn(fixture_dirs("dflash", "oracle.safetensors")),
                          [](const testing::TestParamInfo<fs::path>& param) {
                            return speculative_testing::fixture_test_name(param.param);
                          });
 
 TEST(DFlashOracleFixtures, TwoDraftersPresent) {
-  EXPECT_GE(drafter_fixture_dirs().size(), 2u);
+  EXPECT_GE(fixture_dirs("dflash", "oracle.safetensors").size(), 2u);
 }
 
 // ---- bad input: each a clear Error naming the file and the field

@@ -14,12 +14,15 @@
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/sampler.h"
+#include "fixture_files.h"
 #include "run_command.h"
 
 namespace qspec {
 namespace {
 
 namespace fs = std::filesystem;
+using fixture_files::fixture_dirs;
+using fixture_files::stored_values;
 
 // Both sides compute in fp32 from the same weights; only summation order differs, which after a few layers
 // gives relative differences of 2e-6..1e-5 of the logit scale on these fixtures (HF itself is ~3e-6 from
@@ -28,25 +31,6 @@ constexpr double kLogitTolerance = 5e-5;   // max |qspec - HF| / max |HF| over t
 constexpr double kHiddenTolerance = 5e-5;  // same measure on the residual stream
 constexpr float kGreedyMargin =
     1e-3f;  // a divergence is allowed only after an HF top1-top2 margin below this
-
-std::vector<fs::path> fixture_dirs() {
-  std::vector<fs::path> dirs;
-  fs::path root = fs::path(QSPEC_FIXTURES_DIR) / "qwen35";
-  if (fs::exists(root))
-    for (const auto& entry : fs::directory_iterator(root))
-      if (fs::exists(entry.path() / "oracle.safetensors")) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-template <typename T>
-std::vector<T> values(const TensorStore& store, const std::string& name) {
-  const TensorView& v = store.get(name);
-  std::vector<T> out(size_t(v.numel()));
-  if (v.nbytes != out.size() * sizeof(T)) ADD_FAILURE() << name << ": unexpected dtype";
-  std::memcpy(out.data(), v.data, std::min(v.nbytes, out.size() * sizeof(T)));
-  return out;
-}
 
 std::vector<float> read_all(Backend& backend, const Tensor& t) {
   std::vector<float> out(size_t(t.numel()));
@@ -88,18 +72,18 @@ TEST_P(Qwen35Oracle, PrefillLogitsAndHiddenStatesMatchHF) {
   double worst_logits = 0, worst_hidden = 0;
   for (int length : meta_.at("prompt_lengths").get<std::vector<int>>()) {
     std::string p = "p" + std::to_string(length);
-    std::vector<int32_t> ids = values<int32_t>(*oracle_, p + ".ids");
+    std::vector<int32_t> ids = stored_values<int32_t>(*oracle_, p + ".ids");
     auto state = model().new_state(length);
     ForwardOptions options;
     options.all_logits = true;
     options.hidden_layers = layers;
     ForwardOutput out = model().forward(*state, ids, options);
-    double e = relative_error(read_all(backend(), out.logits), values<float>(*oracle_, p + ".logits"));
+    double e = relative_error(read_all(backend(), out.logits), stored_values<float>(*oracle_, p + ".logits"));
     EXPECT_LE(e, kLogitTolerance) << dir_.filename() << " " << p;
     worst_logits = std::max(worst_logits, e);
     for (size_t i = 0; i < layers.size(); ++i) {
       std::string name = p + ".hidden." + std::to_string(layers[i]);
-      double h = relative_error(read_all(backend(), out.hidden[i]), values<float>(*oracle_, name));
+      double h = relative_error(read_all(backend(), out.hidden[i]), stored_values<float>(*oracle_, name));
       EXPECT_LE(h, kHiddenTolerance) << dir_.filename() << " " << name;
       worst_hidden = std::max(worst_hidden, h);
     }
@@ -112,8 +96,8 @@ TEST_P(Qwen35Oracle, PrefillLogitsAndHiddenStatesMatchHF) {
 // Token-by-token decode (recurrent GDN rule, growing KV cache) equals the chunked full-sequence prefill.
 TEST_P(Qwen35Oracle, DecodeEqualsChunkedPrefill) {
   const int length = 65;
-  std::vector<int32_t> ids = values<int32_t>(*oracle_, "p65.ids");
-  std::vector<float> ref = values<float>(*oracle_, "p65.logits");
+  std::vector<int32_t> ids = stored_values<int32_t>(*oracle_, "p65.ids");
+  std::vector<float> ref = stored_values<float>(*oracle_, "p65.logits");
   const size_t V = size_t(model().config().vocab_size);
   auto state = model().new_state(length);
   std::vector<float> decoded;
@@ -140,7 +124,7 @@ TEST_P(Qwen35Oracle, DecodeEqualsChunkedPrefill) {
 // A 16-token verify step from a non-empty cache (chunked GDN from a saved state, causal attention inside the
 // block) gives every row the logits of 16 single decode steps: the equivalence speculative decoding rests on.
 TEST_P(Qwen35Oracle, VerifyBlockEqualsSingleDecodeSteps) {
-  std::vector<int32_t> ids = values<int32_t>(*oracle_, "p65.ids");
+  std::vector<int32_t> ids = stored_values<int32_t>(*oracle_, "p65.ids");
   const int context = 40, block = 16;
   const std::span<const int32_t> prefix(ids.data(), size_t(context)),
       rows(ids.data() + context, size_t(block));
@@ -162,7 +146,7 @@ TEST_P(Qwen35Oracle, VerifyBlockEqualsSingleDecodeSteps) {
   ASSERT_EQ(verify.size(), decoded.size());
   EXPECT_LE(relative_error(verify, decoded), kLogitTolerance) << dir_.filename();
   // And both equal HF's rows 40..55 of the full-sequence forward.
-  std::vector<float> ref = values<float>(*oracle_, "p65.logits");
+  std::vector<float> ref = stored_values<float>(*oracle_, "p65.logits");
   const size_t V = size_t(model().config().vocab_size);
   std::vector<float> ref_rows(ref.begin() + ptrdiff_t(context * V),
                               ref.begin() + ptrdiff_t((context + block) * V));
@@ -172,10 +156,10 @@ TEST_P(Qwen35Oracle, VerifyBlockEqualsSingleDecodeSteps) {
 // Greedy decoding through the cached path (prefill, then the recurrent rule one token at a time) against HF's
 // cached greedy decode: every step's logits, and the chosen tokens.
 TEST_P(Qwen35Oracle, GreedyDecodeMatchesHF) {
-  std::vector<int32_t> prompt = values<int32_t>(*oracle_, "greedy.prompt");
-  std::vector<int32_t> expected = values<int32_t>(*oracle_, "greedy.tokens");
-  std::vector<float> margins = values<float>(*oracle_, "greedy.margins");
-  std::vector<float> step_logits = values<float>(*oracle_, "greedy.decode_logits");
+  std::vector<int32_t> prompt = stored_values<int32_t>(*oracle_, "greedy.prompt");
+  std::vector<int32_t> expected = stored_values<int32_t>(*oracle_, "greedy.tokens");
+  std::vector<float> margins = stored_values<float>(*oracle_, "greedy.margins");
+  std::vector<float> step_logits = stored_values<float>(*oracle_, "greedy.decode_logits");
   const size_t V = size_t(model().config().vocab_size);
   auto state = model().new_state(int(prompt.size() + expected.size()));
   ForwardOutput out = model().forward(*state, prompt, ForwardOptions{});
@@ -197,9 +181,9 @@ TEST_P(Qwen35Oracle, GreedyDecodeMatchesHF) {
 
 // The command line end to end: `qspec generate --json` prints HF's greedy tokens.
 TEST_P(Qwen35Oracle, GenerateCommandPrintsHFGreedyTokens) {
-  std::vector<int32_t> prompt = values<int32_t>(*oracle_, "greedy.prompt");
-  std::vector<int32_t> expected = values<int32_t>(*oracle_, "greedy.tokens");
-  std::vector<float> margins = values<float>(*oracle_, "greedy.margins");
+  std::vector<int32_t> prompt = stored_values<int32_t>(*oracle_, "greedy.prompt");
+  std::vector<int32_t> expected = stored_values<int32_t>(*oracle_, "greedy.tokens");
+  std::vector<float> margins = stored_values<float>(*oracle_, "greedy.margins");
   std::string ids;
   for (int32_t id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   std::string command = std::string(QSPEC_BINARY) + " generate --json --ignore-eos --model " + dir_.string() +
@@ -216,7 +200,8 @@ TEST_P(Qwen35Oracle, GenerateCommandPrintsHFGreedyTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Oracle, testing::ValuesIn(fixture_dirs()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Oracle,
+                         testing::ValuesIn(fixture_dirs("qwen35", "oracle.safetensors")),
                          [](const testing::TestParamInfo<fs::path>& param) {
                            std::string name = param.param.filename().string();
                            std::replace_if(
@@ -225,7 +210,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Oracle, testing::ValuesIn(fixture_dirs(
                          });
 
 TEST(Qwen35OracleFixtures, AtLeastFourModelsPresent) {
-  EXPECT_GE(fixture_dirs().size(), 4u);
+  EXPECT_GE(fixture_dirs("qwen35", "oracle.safetensors").size(), 4u);
 }
 
 }  // namespace

@@ -7,23 +7,29 @@
 
 namespace qspec::cuda {
 
-DeviceMemory::DeviceMemory(size_t bytes) : bytes_(bytes) {
+template <MemoryPlace kPlace>
+CudaMemory<kPlace>::CudaMemory(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  cudaError_t status = cudaMalloc(&data_, bytes);
+  const cudaError_t status =
+      kPlace == MemoryPlace::Device ? cudaMalloc(&data_, bytes) : cudaMallocHost(&data_, bytes);
   if (status != cudaSuccess) {
     data_ = nullptr;
-    fail("CUDA: cudaMalloc of {} bytes: {}: {}", bytes, cudaGetErrorName(status), cudaGetErrorString(status));
+    fail("CUDA: {} of {} bytes: {}: {}", kPlace == MemoryPlace::Device ? "cudaMalloc" : "cudaMallocHost",
+         bytes, cudaGetErrorName(status), cudaGetErrorString(status));
   }
 }
 
-DeviceMemory::~DeviceMemory() {
+template <MemoryPlace kPlace>
+CudaMemory<kPlace>::~CudaMemory() {
   release();
 }
 
-DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
+template <MemoryPlace kPlace>
+CudaMemory<kPlace>::CudaMemory(CudaMemory&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
 
-DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+template <MemoryPlace kPlace>
+CudaMemory<kPlace>& CudaMemory<kPlace>::operator=(CudaMemory&& other) noexcept {
   if (this != &other) {
     release();
     data_ = std::exchange(other.data_, nullptr);
@@ -34,43 +40,16 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
 
 // cudaFree synchronises the device; an error here (a sticky error of an earlier launch) cannot be thrown
 // from a destructor and was already reported by the call that caused it.
-void DeviceMemory::release() noexcept {
-  if (data_ != nullptr) static_cast<void>(cudaFree(data_));
+template <MemoryPlace kPlace>
+void CudaMemory<kPlace>::release() noexcept {
+  if (data_ != nullptr)
+    static_cast<void>(kPlace == MemoryPlace::Device ? cudaFree(data_) : cudaFreeHost(data_));
   data_ = nullptr;
   bytes_ = 0;
 }
 
-PinnedHostMemory::PinnedHostMemory(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  cudaError_t status = cudaMallocHost(&data_, bytes);
-  if (status != cudaSuccess) {
-    data_ = nullptr;
-    fail("CUDA: cudaMallocHost of {} bytes: {}: {}", bytes, cudaGetErrorName(status),
-         cudaGetErrorString(status));
-  }
-}
-
-PinnedHostMemory::~PinnedHostMemory() {
-  release();
-}
-
-PinnedHostMemory::PinnedHostMemory(PinnedHostMemory&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-PinnedHostMemory& PinnedHostMemory::operator=(PinnedHostMemory&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-void PinnedHostMemory::release() noexcept {
-  if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
-  data_ = nullptr;
-  bytes_ = 0;
-}
+template class CudaMemory<MemoryPlace::Device>;
+template class CudaMemory<MemoryPlace::PinnedHost>;
 
 CudaStream::CudaStream() {
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");

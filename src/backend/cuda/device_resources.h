@@ -1,4 +1,4 @@
-// RAII owners of CUDA resources: device memory and a stream.
+// RAII owners of CUDA resources: device memory, pinned host memory and a stream.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,15 +7,20 @@
 
 namespace qspec::cuda {
 
-class DeviceMemory {
+// Where a CudaMemory lives: device memory (cudaMalloc) or page-locked host memory (cudaMallocHost), whose
+// copies to the device are asynchronous.
+enum class MemoryPlace { Device, PinnedHost };
+
+template <MemoryPlace kPlace>
+class CudaMemory {
  public:
-  DeviceMemory() = default;
-  explicit DeviceMemory(size_t bytes);
-  ~DeviceMemory();
-  DeviceMemory(DeviceMemory&& other) noexcept;
-  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  CudaMemory() = default;
+  explicit CudaMemory(size_t bytes);
+  ~CudaMemory();
+  CudaMemory(CudaMemory&& other) noexcept;
+  CudaMemory& operator=(CudaMemory&& other) noexcept;
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
@@ -26,25 +31,8 @@ class DeviceMemory {
   size_t bytes_ = 0;
 };
 
-// Page-locked host memory: copies from it to the device are asynchronous.
-class PinnedHostMemory {
- public:
-  PinnedHostMemory() = default;
-  explicit PinnedHostMemory(size_t bytes);
-  ~PinnedHostMemory();
-  PinnedHostMemory(PinnedHostMemory&& other) noexcept;
-  PinnedHostMemory& operator=(PinnedHostMemory&& other) noexcept;
-  PinnedHostMemory(const PinnedHostMemory&) = delete;
-  PinnedHostMemory& operator=(const PinnedHostMemory&) = delete;
-
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void release() noexcept;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
+using DeviceMemory = CudaMemory<MemoryPlace::Device>;
+using PinnedHostMemory = CudaMemory<MemoryPlace::PinnedHost>;
 
 class CudaStream {
  public:
