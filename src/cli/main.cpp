@@ -1,6 +1,6 @@
 // qspec: one binary, subcommands in the style of llama.cpp's tools.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 

@@ -24,13 +24,19 @@ constexpr std::array kDTypes = {
     DTypeInfo{DType::F64, "F64", 8},
 };
 
-const DTypeInfo& info(DType t) { return kDTypes[static_cast<size_t>(t)]; }
+const DTypeInfo& info(DType t) {
+  return kDTypes[static_cast<size_t>(t)];
+}
 
 }  // namespace
 
-size_t dtype_size(DType t) { return info(t).size; }
+size_t dtype_size(DType t) {
+  return info(t).size;
+}
 
-std::string_view dtype_name(DType t) { return info(t).name; }
+std::string_view dtype_name(DType t) {
+  return info(t).name;
+}
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const auto& d : kDTypes)

@@ -54,7 +54,7 @@ inline uint16_t f32_to_f16(float f) {
   uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
   if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow to inf (after rounding)
-  if (abs < 0x38800000u) {                                   // subnormal or zero in fp16
+  if (abs < 0x38800000u) {                                  // subnormal or zero in fp16
     if (abs < 0x33000000u) return uint16_t(sign);
     uint32_t e = abs >> 23;
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;

@@ -1,4 +1,5 @@
-// A read-only memory-mapped file (RAII). Checkpoints are read through this so tensors are never copied on CPU.
+// A read-only memory-mapped file (RAII). Checkpoints are read through this so tensors are never copied on
+// CPU.
 #pragma once
 
 #include <cstddef>
