@@ -25,21 +25,30 @@ DFlashWeights load_weights(const DFlashConfig& c, const TensorStore& store, Back
     return upload_vector(backend, store, name, length);
   };
   DFlashWeights w;
+  auto stacked = [&](const std::vector<std::pair<std::string, int64_t>>& modules) {
+    std::vector<LinearTensors> found;
+    std::vector<int64_t> out_features;
+    for (const auto& [module, n] : modules) {
+      found.push_back(c.find_linear(store, module, n, H));
+      out_features.push_back(n);
+    }
+    return upload_stacked_linear(backend, found, out_features, H, w.stacked_storage);
+  };
   w.fc = linear("fc", H, int64_t(c.target_layer_ids.size()) * H);
   w.hidden_norm = vector("hidden_norm.weight", H);
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
     DFlashLayer layer;
     layer.input_norm = vector(p + "input_layernorm.weight", H);
-    layer.q_proj = linear(p + "self_attn.q_proj", q_dim, H);
-    layer.k_proj = linear(p + "self_attn.k_proj", kv_dim, H);
-    layer.v_proj = linear(p + "self_attn.v_proj", kv_dim, H);
+    layer.qkv_proj = stacked({{p + "self_attn.q_proj", q_dim},
+                              {p + "self_attn.k_proj", kv_dim},
+                              {p + "self_attn.v_proj", kv_dim}});
+    layer.kv_proj = stacked_modules(layer.qkv_proj, 1, 2);
     layer.o_proj = linear(p + "self_attn.o_proj", H, q_dim);
     layer.q_norm = vector(p + "self_attn.q_norm.weight", c.head_dim);
     layer.k_norm = vector(p + "self_attn.k_norm.weight", c.head_dim);
     layer.post_attention_norm = vector(p + "post_attention_layernorm.weight", H);
-    layer.mlp_gate = linear(p + "mlp.gate_proj", FF, H);
-    layer.mlp_up = linear(p + "mlp.up_proj", FF, H);
+    layer.mlp_gate_up = stacked({{p + "mlp.gate_proj", FF}, {p + "mlp.up_proj", FF}});
     layer.mlp_down = linear(p + "mlp.down_proj", H, FF);
     w.layers.push_back(std::move(layer));
   }
@@ -57,12 +66,12 @@ Tensor first_rows(const std::unique_ptr<Buffer>& buffer, int64_t rows) {
 // host-side vectors stage the index writes so that a step allocates nothing.
 struct DFlashModel::Workspace {
   int64_t context_capacity = 0;
-  std::unique_ptr<Buffer> context_positions, features, context, context_k, context_v;
+  std::unique_ptr<Buffer> context_positions, features, context, context_kv;
   std::vector<int32_t> context_positions_host;
   // ids, positions, key_begin and key_end of the block (block_size rows each), written at once.
   std::unique_ptr<Buffer> block_indices;
   std::vector<int32_t> block_indices_host;
-  std::unique_ptr<Buffer> h, normed, q, k, v, attn, mixer_out, mlp_gate, mlp_up, mlp_act, mlp_out, logits;
+  std::unique_ptr<Buffer> h, normed, qkv, attn, mixer_out, mlp_gate_up, mlp_act, mlp_out, logits;
   std::unique_ptr<Buffer> draft_ids;
   // The key of the context step being run, reused so that looking it up allocates nothing.
   GraphKey context_key;
@@ -94,13 +103,10 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
   ws.block_indices_host.resize(size_t(4 * B));
   make(ws.h, H);
   make(ws.normed, H);
-  make(ws.q, q_dim);
-  make(ws.k, kv_dim);
-  make(ws.v, kv_dim);
+  make(ws.qkv, q_dim + 2 * kv_dim);
   make(ws.attn, q_dim);
   make(ws.mixer_out, H);
-  make(ws.mlp_gate, FF);
-  make(ws.mlp_up, FF);
+  make(ws.mlp_gate_up, 2 * FF);
   make(ws.mlp_act, FF);
   make(ws.mlp_out, H);
   ws.logits = backend_.alloc(DType::F32, B - 1, c.vocab_size);
@@ -135,8 +141,7 @@ void DFlashModel::ensure_context_rows(int64_t rows) {
   ws.context_positions = backend_.alloc(DType::I32, rows, 1);
   ws.features = backend_.alloc(DType::F32, rows, int64_t(c.target_layer_ids.size()) * c.hidden_size);
   ws.context = backend_.alloc(DType::F32, rows, c.hidden_size);
-  ws.context_k = backend_.alloc(DType::F32, rows, kv_dim);
-  ws.context_v = backend_.alloc(DType::F32, rows, kv_dim);
+  ws.context_kv = backend_.alloc(DType::F32, rows, 2 * kv_dim);
   ws.context_positions_host.resize(size_t(rows));
   ws.context_capacity = rows;
   graphs_.clear();  // recorded on the old buffers
@@ -181,11 +186,12 @@ void DFlashModel::context_step(DFlashState& state, std::span<const Tensor> featu
   const Tensor context = first_rows(ws.context, rows);
   backend_.linear(context, concatenated, weights_.fc);
   backend_.rmsnorm(context, context, weights_.hidden_norm, c.rms_norm_eps, false);
-  const Tensor k = first_rows(ws.context_k, rows), v = first_rows(ws.context_v, rows);
+  const int64_t kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  const Tensor kv = first_rows(ws.context_kv, rows);
+  const Tensor k = kv.cols_view(0, kv_dim), v = kv.cols_view(kv_dim, kv_dim);
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const DFlashLayer& layer = weights_.layers[i];
-    backend_.linear(k, context, layer.k_proj);
-    backend_.linear(v, context, layer.v_proj);
+    stacked_linear(backend_, kv, context, layer.kv_proj);
     backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, false);
     backend_.rope(k, pos, c.head_dim, c.head_dim, c.rope_theta);
     backend_.kv_store(state.layers[i].k_cache->tensor(), k, pos);
@@ -194,9 +200,10 @@ void DFlashModel::context_step(DFlashState& state, std::span<const Tensor> featu
 }
 
 void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out) {
-  backend_.linear(ws_->mlp_gate->tensor(), x, layer.mlp_gate);
-  backend_.linear(ws_->mlp_up->tensor(), x, layer.mlp_up);
-  backend_.silu_mul(ws_->mlp_act->tensor(), ws_->mlp_gate->tensor(), ws_->mlp_up->tensor());
+  const int64_t FF = config_.intermediate_size;
+  const Tensor gate_up = ws_->mlp_gate_up->tensor();
+  stacked_linear(backend_, gate_up, x, layer.mlp_gate_up);
+  backend_.silu_mul(ws_->mlp_act->tensor(), gate_up.cols_view(0, FF), gate_up.cols_view(FF, FF));
   backend_.linear(out, ws_->mlp_act->tensor(), layer.mlp_down);
 }
 
@@ -231,16 +238,19 @@ void DFlashModel::draft_step(DFlashState& state) {
   const int B = c.block_size;
   Workspace& ws = *ws_;
   const Tensor h = ws.h->tensor(), normed = ws.normed->tensor(), pos = ws.block_index(1);
-  const Tensor q = ws.q->tensor(), k = ws.k->tensor(), v = ws.v->tensor(), attn = ws.attn->tensor();
+  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  const Tensor qkv = ws.qkv->tensor(), attn = ws.attn->tensor();
+  const Tensor q = qkv.cols_view(0, q_dim), k = qkv.cols_view(q_dim, kv_dim),
+               v = qkv.cols_view(q_dim + kv_dim, kv_dim);
   const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
   backend_.embed(h, target_.embed, ws.block_index(0));
+  backend_.rmsnorm(normed, h, weights_.layers.front().input_norm, c.rms_norm_eps, false);
+  // Each residual add is fused with the norm that follows it (the next layer's input norm; the final norm
+  // after the last layer).
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const DFlashLayer& layer = weights_.layers[i];
     const DFlashState::Layer& cache = state.layers[i];
-    backend_.rmsnorm(normed, h, layer.input_norm, c.rms_norm_eps, false);
-    backend_.linear(q, normed, layer.q_proj);
-    backend_.linear(k, normed, layer.k_proj);
-    backend_.linear(v, normed, layer.v_proj);
+    stacked_linear(backend_, qkv, normed, layer.qkv_proj);
     backend_.rmsnorm(q, q, layer.q_norm, c.rms_norm_eps, false);
     backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, false);
     backend_.rope(q, pos, c.head_dim, c.head_dim, c.rope_theta);
@@ -251,15 +261,14 @@ void DFlashModel::draft_step(DFlashState& state) {
     backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(), ws.block_index(2),
                                 ws.block_index(3), shape);
     backend_.linear(ws.mixer_out->tensor(), attn, layer.o_proj);
-    backend_.add(h, h, ws.mixer_out->tensor());
-    backend_.rmsnorm(normed, h, layer.post_attention_norm, c.rms_norm_eps, false);
+    backend_.add_rmsnorm(normed, h, ws.mixer_out->tensor(), layer.post_attention_norm, c.rms_norm_eps, false);
     mlp(layer, normed, ws.mlp_out->tensor());
-    backend_.add(h, h, ws.mlp_out->tensor());
+    const Tensor& next_norm =
+        i + 1 < weights_.layers.size() ? weights_.layers[i + 1].input_norm : weights_.final_norm;
+    backend_.add_rmsnorm(normed, h, ws.mlp_out->tensor(), next_norm, c.rms_norm_eps, false);
   }
   // Slot j (1..B-1) predicts the token at position start + j; slot 0 (the bonus) predicts nothing.
-  const Tensor slots = normed.rows_view(1, B - 1);
-  backend_.rmsnorm(slots, h.rows_view(1, B - 1), weights_.final_norm, c.rms_norm_eps, false);
-  backend_.linear(ws.logits->tensor(), slots, target_.lm_head);
+  backend_.linear(ws.logits->tensor(), normed.rows_view(1, B - 1), target_.lm_head);
   backend_.argmax(ws.draft_ids->tensor(), ws.logits->tensor());
 }
 

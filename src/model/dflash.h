@@ -12,6 +12,7 @@
 #include "io/dflash_config.h"
 #include "model/qwen35.h"
 #include "model/step_graph_cache.h"
+#include "model/weight_upload.h"
 
 namespace qspec {
 
@@ -19,9 +20,12 @@ class TensorStore;
 
 struct DFlashLayer {
   Tensor input_norm, post_attention_norm;  // plain weights (Qwen3 RMSNorm: w * x_hat)
-  LinearWeight q_proj, k_proj, v_proj, o_proj;
-  Tensor q_norm, k_norm;  // per head [1, head_dim]
-  LinearWeight mlp_gate, mlp_up, mlp_down;
+  StackedLinear qkv_proj;                  // [q_proj | k_proj | v_proj], the block's projections
+  StackedLinear kv_proj;  // its k_proj | v_proj rows (a view), for the context rows, which need no query
+  LinearWeight o_proj;
+  Tensor q_norm, k_norm;      // per head [1, head_dim]
+  StackedLinear mlp_gate_up;  // [gate | up]
+  LinearWeight mlp_down;
 };
 
 struct DFlashWeights {
@@ -29,6 +33,7 @@ struct DFlashWeights {
   Tensor hidden_norm;
   std::vector<DFlashLayer> layers;
   Tensor final_norm;
+  std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights
 };
 
 // The drafter's side of a sequence: per layer the K/V of every context token at its position (rows
