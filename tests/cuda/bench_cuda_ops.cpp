@@ -172,6 +172,17 @@ int run(const char* out_path) {
       results.push_back(entry(fmt::format("linear BF16 M={} N={} K={}", rows, kN, kK), bytes, seconds));
     }
   }
+  // argmax over the 248,320-wide logits of a decode step (1 row), a draft step (15) and a verify step (16).
+  {
+    constexpr int64_t kVocab = 248320;
+    for (int64_t rows : {1, 15, 16}) {
+      const Tensor logits = bench.activation(rows, kVocab, -10, 10);
+      const Tensor& ids = bench.buffers.emplace_back(backend->alloc(DType::I32, rows, 1))->tensor();
+      const double seconds = bench.time([&] { backend->argmax(ids, logits); });
+      results.push_back(entry(fmt::format("argmax rows {} V {}", rows, kVocab),
+                              4.0 * static_cast<double>(rows * (kVocab + 1)), seconds));
+    }
+  }
   // Gated delta rule, Qwen3.5-4B shape. Decode (T = 1) and a verify block (T = 16): 24 layers' states in turn
   // (2 MiB each, read and written), the recurrence. Prefill (T = 2048, 8192): one layer's inputs, the chunked
   // kernels; per layer and for 24 layers, with the chunked form's matrix FLOPs (per head and 64-token chunk
