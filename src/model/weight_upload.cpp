@@ -69,7 +69,6 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
   if (!one_format || modules.size() == 1) {
     for (size_t i = 0; i < modules.size(); ++i)
       stacked.parts.push_back(upload_linear(backend, modules[i], out_features[i], in_features));
-    stacked.part_offsets = stacked.offsets;
     return stacked;
   }
   LinearWeight w;
@@ -92,7 +91,6 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
     w.group_size = first.group_size;
   }
   stacked.parts.push_back(w);
-  stacked.part_offsets = {0};
   return stacked;
 }
 
@@ -115,19 +113,16 @@ StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t
       w.weight = w.weight.rows_view(begin, part.out_features);
     }
     part.parts = {w};
-    part.part_offsets = {0};
   } else {
     part.parts.assign(stacked.parts.begin() + std::ptrdiff_t(first),
                       stacked.parts.begin() + std::ptrdiff_t(first + count));
-    part.part_offsets = part.offsets;
   }
   return part;
 }
 
 void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked) {
   for (size_t i = 0; i < stacked.parts.size(); ++i)
-    backend.linear(out.cols_view(stacked.part_offsets[i], stacked.parts[i].out_features), x,
-                   stacked.parts[i]);
+    backend.linear(out.cols_view(stacked.offsets[i], stacked.parts[i].out_features), x, stacked.parts[i]);
 }
 
 }  // namespace qspec

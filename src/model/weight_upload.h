@@ -23,8 +23,7 @@ LinearWeight upload_linear(Backend& backend, const LinearTensors& found, int64_t
 // they share a format (one weight read and one launch instead of several), else kept apart. Module i's
 // features are columns offsets[i] .. of the output.
 struct StackedLinear {
-  std::vector<LinearWeight> parts;  // one when stacked
-  std::vector<int64_t> part_offsets;
+  std::vector<LinearWeight> parts;  // one per module, or one in all when stacked (then at offsets[0] = 0)
   std::vector<int64_t> offsets;
   int64_t out_features = 0;
 };

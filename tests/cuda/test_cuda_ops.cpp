@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 #include "backend/cpu/gated_delta_rule.h"
+#include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
 #include "op_check.h"
 
@@ -203,8 +204,7 @@ void check_linear(const std::string& label, const LinearWeight& cpu_weight, cons
     const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
     TensorPair out = b.poisoned(rows, n);
     on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
-    const bool gemm =
-        rows > cuda::kLinearMmaMaxRows && (cpu_weight.quantized() || cpu_weight.weight.dtype == DType::BF16);
+    const bool gemm = rows > cuda::kLinearMmaMaxRows && cuda::GemmLinear::supports(cpu_weight);
     compare("linear", fmt::format("{} M={} N={} K={}", label, rows, n, k), out,
             gemm ? kGemmLinearTolerance : kLinearTolerance);
   }
