@@ -76,6 +76,12 @@ run_on_gpu() {
       "$BUNDLE/qspec" bench --model "$target" --backend cuda --e2e --acceptance 1,4,8,16 \
         --e2e-runs "${QSPEC_E2E_RUNS:-5}" --out "$OUT/records"; } 2>&1 | tee "$OUT/spec.log" || spec_status=$?
   fi
+  # Where the step time goes, kernel by kernel (Nsight Compute; QSPEC_PROFILE=0 skips it).
+  local profile_status=0
+  if [ "${QSPEC_PROFILE:-1}" = 1 ] && [ -d "$target" ]; then
+    timeout 240 python3 scripts/gpu_profile.py "$BUNDLE" "$target" "$drafter" "$OUT/profile.json" \
+      >"$OUT/profile.log" 2>&1 || profile_status=$?
+  fi
   python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
@@ -109,11 +115,12 @@ try:
 except (OSError, ValueError) as e:
     print(f"no timings: {e}")
 PY
+  [ -f "$OUT/profile.log" ] && tail -n 60 "$OUT/profile.log"
   echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
   grep -E -A8 '^(memory|step) ' "$OUT/steps.log" | grep -v '^recorded' || true
   grep -E '^(step|draft|commit|decode|verify|prefill|e2e|plain|accept)' "$OUT/spec.log" 2>/dev/null || true
   tar czf "$OUT/records.tgz" -C "$OUT/records" . && rm -rf "$OUT/records"
-  echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status, speculative $spec_status"
+  echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status, speculative $spec_status, profile $profile_status"
   [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ] &&
     [ "$model_status" -eq 0 ] && [ "$spec_status" -eq 0 ]
 }
@@ -123,7 +130,7 @@ record() {
   local stamp
   stamp=$(date -u +%Y%m%dT%H%MZ)
   mkdir -p bench/results
-  for name in cuda_checks cuda_bench; do
+  for name in cuda_checks cuda_bench profile; do
     [ -f "$from/$name.json" ] && cp "$from/$name.json" "bench/results/$stamp-h200-$name.json"
   done
   [ -f "$from/records.tgz" ] && tar xzf "$from/records.tgz" -C bench/results --wildcards '*.json'
