@@ -1,7 +1,8 @@
 // The many-row linear (prefill): out = x W^T as one cuBLAS BF16 matrix product with FP32 accumulation and
 // output. x is rounded to BF16 and W4A16 weights are dequantized to BF16 in slices of rows, so the extra
-// memory is bounded (kSliceElements). Tensor cores at this size reach most of the BF16 peak; the price is
-// BF16 rounding of x and of the dequantized weights (relative error ~1e-3 of the largest output).
+// memory is bounded (max_slice_elements; by default every Qwen3.5-4B linear is one slice). Tensor cores at
+// this size reach most of the BF16 peak; the price is BF16 rounding of x and of the dequantized weights
+// (relative error ~1e-3 of the largest output).
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,7 +17,10 @@ namespace qspec::cuda {
 
 class GemmLinear {
  public:
-  GemmLinear();
+  // 64 Mi values: a 128 MiB BF16 scratch copy of the largest W4A16 weight that is dequantized at once.
+  static constexpr int64_t kDefaultSliceElements = int64_t{64} << 20;
+  // max_slice_elements: at most this many dequantized values at a time (a smaller bound tests the slicing).
+  explicit GemmLinear(int64_t max_slice_elements = kDefaultSliceElements);
   ~GemmLinear();
   GemmLinear(const GemmLinear&) = delete;
   GemmLinear& operator=(const GemmLinear&) = delete;
@@ -31,6 +35,7 @@ class GemmLinear {
  private:
   void* scratch(DeviceMemory& memory, size_t bytes);
 
+  int64_t max_slice_elements_;
   cublasHandle_t handle_ = nullptr;
   DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_;
   uint64_t scratch_generation_ = 0;
