@@ -12,64 +12,107 @@ namespace qspec::cuda {
 
 namespace {
 
-constexpr int kBlock = 256;
+// rows_to_bf16: a block converts kConvertBlock * kConvertColumns consecutive columns of a row.
+constexpr int kConvertBlock = 128;
+constexpr int kConvertColumns = 4;
+// dequantize: a block dequantizes kDequantizeBlock packed words of a row (the 4B's rows are 320 and 1152
+// words: whole blocks).
+constexpr int kDequantizeBlock = 64;
+constexpr int kValuesPerWord = 8;
 
+// Grid (column blocks, rows) with rows beyond grid.y's limit taken in strides, so that no thread divides by
+// the column count. kAligned: 16-byte aligned source rows and a multiple of 4 columns (one float4 load and
+// one 8-byte store per thread); otherwise element by element.
+template <bool kAligned>
 __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t x_stride, int64_t rows,
-                                    int64_t cols) {
-  const int64_t total = rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * kBlock) {
-    const int64_t r = i / cols, c = i % cols;
-    out[i] = __float2bfloat16_rn(x[r * x_stride + c]);
+                                    int cols) {
+  const int c =
+      (static_cast<int>(blockIdx.x) * kConvertBlock + static_cast<int>(threadIdx.x)) * kConvertColumns;
+  if (c >= cols) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* src = x + r * x_stride + c;
+    __nv_bfloat16* dst = out + r * cols + c;
+    if constexpr (kAligned) {
+      const float4 v = *reinterpret_cast<const float4*>(src);
+      const __nv_bfloat162 low = __floats2bfloat162_rn(v.x, v.y), high = __floats2bfloat162_rn(v.z, v.w);
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+    } else {
+      for (int i = 0; i < kConvertColumns && c + i < cols; ++i) dst[i] = __float2bfloat16_rn(src[i]);
+    }
   }
 }
 
+// Where the packed word with values kValuesPerWord * word .. + 7 of weight row `row` lies (nibble j holds
+// value kValuesPerWord * word + j). The one place that knows the device order of the packed words.
+__device__ inline int64_t packed_word_index(int64_t row, int64_t word, int64_t packed_stride) {
+  return row * packed_stride + word;
+}
+
 // One thread per packed word: 8 consecutive values of one row (blockIdx.y), which leave in one 16-byte store
-// (a row of out is in_features values, a multiple of 8, so every word's values are 16-byte aligned).
+// (a row of out is in_features values, a multiple of 8, so every word's values are 16-byte aligned). The
+// group of each value is followed from the word's first one (one division per word, not per value).
 template <typename S>
 __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* packed, int64_t packed_stride,
                                         const S* scales, int64_t scales_stride, int group_size,
                                         int64_t first_row, int64_t words_per_row) {
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kDequantizeBlock + threadIdx.x;
   if (w >= words_per_row) return;
   const int64_t r = blockIdx.y;
-  const uint32_t word = packed[(first_row + r) * packed_stride + w];
+  const uint32_t word = packed[packed_word_index(first_row + r, w, packed_stride)];
   const S* row_scales = scales + (first_row + r) * scales_stride;
-  uint32_t pairs[4];
+  const int first_value = static_cast<int>(w) * kValuesPerWord;
+  int group = first_value / group_size;
+  int group_end = (group + 1) * group_size;
+  float scale = to_float(row_scales[group]);
+  float values[kValuesPerWord];
 #pragma unroll
-  for (int j = 0; j < 8; j += 2) {
-    const float low = static_cast<float>(static_cast<int>((word >> (4 * j)) & 0xFu) - 8) *
-                      to_float(row_scales[(w * 8 + j) / group_size]);
-    const float high = static_cast<float>(static_cast<int>((word >> (4 * j + 4)) & 0xFu) - 8) *
-                       to_float(row_scales[(w * 8 + j + 1) / group_size]);
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  for (int j = 0; j < kValuesPerWord; ++j) {
+    if (first_value + j >= group_end) {
+      ++group;
+      group_end += group_size;
+      scale = to_float(row_scales[group]);
+    }
+    values[j] = static_cast<float>(static_cast<int>((word >> (4 * j)) & 0xFu) - 8) * scale;
+  }
+  uint32_t pairs[kValuesPerWord / 2];
+#pragma unroll
+  for (int j = 0; j < kValuesPerWord; j += 2) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(values[j], values[j + 1]);
     pairs[j / 2] = *reinterpret_cast<const uint32_t*>(&pair);
   }
   reinterpret_cast<uint4*>(out)[r * words_per_row + w] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
-}
-
-unsigned grid_for(int64_t items) {
-  const int64_t blocks = (items + kBlock - 1) / kBlock;
-  return static_cast<unsigned>(blocks < 4096 ? blocks : 4096);
 }
 
 }  // namespace
 
 cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, cudaStream_t stream) {
   if (x.numel() == 0) return cudaSuccess;
-  rows_to_bf16_kernel<<<grid_for(x.numel()), kBlock, 0, stream>>>(
-      static_cast<__nv_bfloat16*>(out), x.ptr<const float>(), x.stride, x.rows, x.cols);
+  constexpr int kColumnsPerBlock = kConvertBlock * kConvertColumns;
+  constexpr int64_t kMaxGridRows = 65535;
+  const dim3 grid(static_cast<unsigned>((x.cols + kColumnsPerBlock - 1) / kColumnsPerBlock),
+                  static_cast<unsigned>(x.rows < kMaxGridRows ? x.rows : kMaxGridRows));
+  const bool aligned = x.cols % kConvertColumns == 0 && x.stride % kConvertColumns == 0 &&
+                       reinterpret_cast<uintptr_t>(x.data) % sizeof(float4) == 0;
+  auto* dst = static_cast<__nv_bfloat16*>(out);
+  const int cols = static_cast<int>(x.cols);
+  if (aligned)
+    rows_to_bf16_kernel<true>
+        <<<grid, kConvertBlock, 0, stream>>>(dst, x.ptr<const float>(), x.stride, x.rows, cols);
+  else
+    rows_to_bf16_kernel<false>
+        <<<grid, kConvertBlock, 0, stream>>>(dst, x.ptr<const float>(), x.stride, x.rows, cols);
   return cudaGetLastError();
 }
 
 cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,
                                     cudaStream_t stream) {
-  const int64_t words_per_row = w.in_features / 8;
+  const int64_t words_per_row = w.in_features / kValuesPerWord;
   return with_weight_type(w.scales.dtype, [&](auto type) {
     using S = decltype(type);
-    const dim3 grid(static_cast<unsigned>((words_per_row + kBlock - 1) / kBlock),
+    const dim3 grid(static_cast<unsigned>((words_per_row + kDequantizeBlock - 1) / kDequantizeBlock),
                     static_cast<unsigned>(rows));
-    dequantize_w4a16_kernel<S><<<grid, kBlock, 0, stream>>>(
+    dequantize_w4a16_kernel<S><<<grid, kDequantizeBlock, 0, stream>>>(
         static_cast<__nv_bfloat16*>(out), w.packed.ptr<const uint32_t>(), w.packed.stride,
         w.scales.ptr<const S>(), w.scales.stride, w.group_size, first_row, words_per_row);
     return cudaGetLastError();
