@@ -226,18 +226,18 @@ int run(const char* out_path) {
                          {"TFLOP_per_s", flops / seconds / 1e12}});
     }
   }
-  // Attention of Qwen3.5-4B (16 query heads, 4 KV heads of 256, F32 caches of 32k rows): a decode row and a
-  // 16-row verify block at the end of 4096 / 32768 cached positions, 8 layers' caches in turn (bytes: the K
-  // and V rows read once); prefill of 2048 / 8192 tokens from position 0 (causal FLOPs: 4 x heads x
-  // head_dim x sum over rows of the keys seen; the 8 layers of the model take 8x the time).
+  // Attention of Qwen3.5-4B (16 query heads, 4 KV heads of 256, F32 caches of 32k rows): a decode row, an
+  // 8-row and a 16-row verify block at the end of 256 .. 32768 cached positions, 8 layers' caches in turn
+  // (bytes: the K and V rows read once); prefill of 2048 / 8192 tokens from position 0 (causal FLOPs: 4 x
+  // heads x head_dim x sum over rows of the keys seen; the 8 layers of the model take 8x the time).
   {
     constexpr int kLayers = 8;
     constexpr int64_t kCacheRows = 32768;
     const AttentionShape shape{16, 4, 256, 1.0f / 16.0f};
     std::vector<Tensor> caches;
     for (int i = 0; i < 2 * kLayers; ++i) caches.push_back(bench.activation(kCacheRows, 1024, -1, 1));
-    for (int rows : {1, 16}) {
-      for (int context : {4096, 32768}) {
+    for (int rows : {1, 8, 16}) {
+      for (int context : {256, 1024, 4096, 32768}) {
         const Tensor q = bench.activation(rows, 4096, -1, 1);
         const Tensor out = bench.activation(rows, 4096, -1, 1);
         std::vector<int32_t> last_positions(static_cast<size_t>(rows));
@@ -259,18 +259,25 @@ int run(const char* out_path) {
                   graph_seconds));
       }
     }
-    for (int tokens : {2048, 8192}) {
-      const Tensor q = bench.activation(tokens, 4096, -1, 1);
-      const Tensor out = bench.activation(tokens, 4096, -1, 1);
-      std::vector<int32_t> all_positions(static_cast<size_t>(tokens));
-      for (int t = 0; t < tokens; ++t) all_positions[static_cast<size_t>(t)] = t;
+    // Also the last 512-token chunk of a chunked 2048-token prefill (3 key splits, then their merge).
+    struct Prefill {
+      int tokens, start;
+    };
+    for (const Prefill& p : {Prefill{2048, 0}, Prefill{8192, 0}, Prefill{512, 1536}}) {
+      const Tensor q = bench.activation(p.tokens, 4096, -1, 1);
+      const Tensor out = bench.activation(p.tokens, 4096, -1, 1);
+      std::vector<int32_t> all_positions(static_cast<size_t>(p.tokens));
+      for (int t = 0; t < p.tokens; ++t) all_positions[static_cast<size_t>(t)] = p.start + t;
       const Tensor positions = bench.indices(all_positions);
       const double seconds =
           bench.time([&] { backend->attention(out, q, caches[0], caches[1], positions, shape); });
-      const double flop = 4.0 * 16 * 256 * (static_cast<double>(tokens) * (tokens + 1) / 2);
-      results.push_back(flop_entry(
-          fmt::format("attention prefill T={} heads 16/4/256 (x8 layers: {:.1f} ms)", tokens, 8e3 * seconds),
-          flop, seconds));
+      const double keys_seen =
+          static_cast<double>(p.tokens) * p.start + static_cast<double>(p.tokens) * (p.tokens + 1) / 2;
+      const double flop = 4.0 * 16 * 256 * keys_seen;
+      results.push_back(
+          flop_entry(fmt::format("attention prefill T={} from {} heads 16/4/256 (x8 layers: {:.1f} ms)",
+                                 p.tokens, p.start, 8e3 * seconds),
+                     flop, seconds));
     }
   }
 

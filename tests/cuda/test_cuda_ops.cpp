@@ -478,10 +478,13 @@ TEST(CudaOps, KvStore) {
   }
 }
 
-// The CUDA attention takes FP32 kernels when the query rows of one KV head (tokens x grouped heads) number at
-// most 64 and rows are 16-byte aligned (decode, verify), else split-BF16 tensor cores (prefill).
+// The CUDA attention takes FP32 kernels when rows are 16-byte aligned and the query rows of one KV head
+// (tokens x grouped heads) number at most 4 (decode), or at most 64 (verify) with a head_dim the tensor-core
+// verify kernel does not take; else split-BF16 tensor cores (verify, prefill).
 bool attention_on_fp32_cores(int tokens, int heads, int kv_heads, int head_dim, bool aligned) {
-  return aligned && head_dim % 4 == 0 && tokens * (heads / kv_heads) <= 64;
+  const int rows = tokens * (heads / kv_heads);
+  const bool verify_mma_head_dim = head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return aligned && head_dim % 4 == 0 && (rows <= 4 || (rows <= 64 && !verify_mma_head_dim));
 }
 
 // FP32 kernels: softmax-weighted sums over up to 32k keys, online vs two-pass softmax, dot products in
@@ -545,6 +548,15 @@ TEST(CudaOps, Attention) {
   // Verify: 16 tokens (64 query rows) from contexts 40 and 4000.
   check_attention(rng, {16, 4, 256, 4100, consecutive_positions(16, 40)}, "verify");
   check_attention(rng, {16, 4, 256, 4100, consecutive_positions(16, 4000)}, "verify");
+  // Verify of 2..16 tokens (8..64 rows: partial row tiles) at contexts that are not multiples of the 32-key
+  // tiles, from the start of the cache (16 tokens at positions 0..15), with one key split (a cache of 60
+  // rows), and at 32k.
+  for (int tokens : {2, 3, 5, 8, 15, 16})
+    for (int32_t context : {tokens, 17 + tokens, 255, 1000 + tokens, 4097})
+      check_attention(rng, {16, 4, 256, 4200, consecutive_positions(tokens, context - tokens)},
+                      fmt::format("verify, context {}", context));
+  check_attention(rng, {16, 4, 256, 60, consecutive_positions(16, 41)}, "verify, one key split");
+  check_attention(rng, {16, 4, 256, 32768, consecutive_positions(16, 32768 - 16)}, "verify, context 32768");
   // Prefill from the start (63 and 65 tokens straddle a 64-row tile's 16 tokens; 2048; 3000), a chunk after
   // 512 cached rows, and larger scores.
   for (int tokens : {63, 65, 2048, 3000})
@@ -561,7 +573,9 @@ TEST(CudaOps, Attention) {
   struct Shape {
     int heads, kv_heads, head_dim;
   };
-  for (const Shape& shape : {Shape{2, 1, 32}, Shape{4, 2, 64}, Shape{4, 1, 32}, Shape{8, 8, 128}})
+  // head_dim 48: the FP32 verify kernel (the tensor-core one takes 32, 64, 128 and 256).
+  for (const Shape& shape :
+       {Shape{2, 1, 32}, Shape{4, 2, 64}, Shape{4, 1, 32}, Shape{8, 8, 128}, Shape{4, 1, 48}})
     for (int tokens : {1, 3, 16, 65, 200})
       check_attention(rng,
                       {shape.heads, shape.kv_heads, shape.head_dim, 512, consecutive_positions(tokens, 5)},

@@ -1,11 +1,15 @@
 // Causal attention of query rows over F32 KV caches: the choice of kernel by the number of query rows of one
 // KV head (tokens x grouped heads), the key splits, the workspace, and the merge of split partials.
 //   decode  (<= 4 rows, 16-byte aligned rows):  attention_rows.cu, FP32, memory-bound
-//   verify  (<= 64 rows, 16-byte aligned rows): attention_rows.cu, FP32, K/V tiles in shared memory
-//   prefill (otherwise):                        attention_prefill.cu, split-BF16 tensor cores
+//   verify  (<= 64 rows, 16-byte aligned rows):  attention_verify.cu, split-BF16 tensor cores, for head_dim
+//           32/64/128/256 where its shared memory fits; else attention_rows.cu, FP32
+//   prefill (otherwise):                         attention_prefill.cu, split-BF16 tensor cores
 // The positions live on the device, so the host sizes the grid by the cache's capacity: each block derives
 // its keys from the positions and splits them evenly (attention_kernels.cuh), and blocks past the context
-// finish at once. The merge kernel takes one block per (query row, head, 32 dims).
+// finish at once. Merge: with many splits (decode, verify) a block per (query row, head, 32 dims) whose
+// warps share the splits; with few (prefill: 2-3 splits of thousands of rows) a thread per (query row,
+// head, 4 dims) that adds the splits in order. (The first kernel alone took 4.9 ms for the 32 merges of a
+// 2048-token prefill: 65,536 blocks of 256 threads per 512-token chunk, 7 of 8 warps idle.)
 #include <cmath>
 #include <cstdint>
 
@@ -24,9 +28,11 @@ constexpr int64_t kDecodeMinKeysPerSplit = 32;
 constexpr int64_t kVerifyMinKeysPerSplit = 64;
 constexpr int64_t kPrefillMinKeysPerSplit = 128;
 constexpr int kMergeThreads = 256;
+constexpr int kMergeRowsThreads = 256;
+constexpr int kMergeRowsMaxSplits = 8;
 constexpr size_t kWorkspaceAlignment = 256;
 
-enum class Regime { kDecode, kVerify, kPrefill };
+enum class Regime { kDecode, kVerify, kVerifyMma, kPrefill };
 
 struct Plan {
   Regime regime;
@@ -56,6 +62,19 @@ int splits_for(int64_t blocks, int64_t target_blocks, int64_t cache_rows, int64_
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
 
+// The tensor-core verify kernel covers this head_dim and its shared memory fits this GPU's blocks.
+bool verify_mma_fits(int head_dim) {
+  static const int shared_limit = [] {
+    int device = 0, bytes = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+      return 0;
+    return bytes;
+  }();
+  const size_t bytes = attention_verify_mma_shared_bytes(head_dim);
+  return bytes > 0 && bytes <= static_cast<size_t>(shared_limit);
+}
+
 Plan plan_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                     int num_heads, int num_kv_heads, int head_dim) {
   const int64_t rows = q.rows * (num_heads / num_kv_heads);  // query rows per KV head
@@ -67,7 +86,7 @@ Plan plan_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, c
     plan.regime = Regime::kDecode;
     plan.splits = splits_for(num_kv_heads, kDecodeTargetBlocks, cache_rows, kDecodeMinKeysPerSplit);
   } else if (vectorizable && rows <= kVerifyRows) {
-    plan.regime = Regime::kVerify;
+    plan.regime = verify_mma_fits(head_dim) ? Regime::kVerifyMma : Regime::kVerify;
     plan.splits = splits_for(num_kv_heads, kVerifyTargetBlocks, cache_rows, kVerifyMinKeysPerSplit);
   } else {
     plan.regime = Regime::kPrefill;
@@ -147,6 +166,43 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Attentio
   y[d] = result / total;
 }
 
+// Few splits: thread = (query token, head, 4 dims); the splits' maxima and sums are read by every thread of
+// a (token, head) (cached), the values once.
+__global__ void __launch_bounds__(kMergeRowsThreads) attention_merge_rows_kernel(AttentionArgs a) {
+  const int chunks = (a.head_dim + 3) / 4;
+  const int64_t item = blockIdx.x * int64_t{kMergeRowsThreads} + threadIdx.x;
+  if (item >= a.tokens * a.num_heads * chunks) return;
+  const int first_dim = 4 * static_cast<int>(item % chunks);
+  const int64_t t = item / chunks / a.num_heads;
+  const int head = static_cast<int>(item / chunks % a.num_heads);
+  const int dims = a.head_dim - first_dim < 4 ? a.head_dim - first_dim : 4;
+  float* const y = output_row(a, t, head) + first_dim;
+  if (row_key_count(a, t) == 0) {
+    for (int e = 0; e < dims; ++e) y[e] = NAN;
+    return;
+  }
+  const float* const first = partial_row(a, t, head, 0);
+  const int64_t partial_size = 2 + int64_t{a.head_dim};
+  float global_max = -INFINITY;
+  for (int s = 0; s < a.splits; ++s)
+    if (first[s * partial_size + 1] > 0.0f) global_max = fmaxf(global_max, first[s * partial_size]);
+  float total = 0.0f;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < a.splits; ++s) {
+    const float* const partial = first + s * partial_size;
+    const float split_sum = partial[1];
+    if (split_sum <= 0.0f) continue;
+    const float weight = expf(partial[0] - global_max);
+    total += weight * split_sum;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (e < dims) sum[e] += weight * partial[2 + first_dim + e];
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (e < dims) y[e] = sum[e] / total;
+}
+
 }  // namespace
 
 size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tensor& k_cache,
@@ -188,6 +244,9 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
     case Regime::kVerify:
       status = launch_attention_verify(args, stream);
       break;
+    case Regime::kVerifyMma:
+      status = launch_attention_verify_mma(args, stream);
+      break;
     case Regime::kPrefill: {
       const SplitKvPlanes planes{reinterpret_cast<uint16_t*>(base + plan.planes_offset), plan.padded_rows,
                                  plan.padded_dim, reinterpret_cast<int*>(base + plan.key_count_offset)};
@@ -196,6 +255,12 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
     }
   }
   if (status != cudaSuccess || plan.splits == 1) return status;
+  if (plan.splits <= kMergeRowsMaxSplits) {
+    const int64_t items = q.rows * num_heads * ((head_dim + 3) / 4);
+    attention_merge_rows_kernel<<<static_cast<unsigned>((items + kMergeRowsThreads - 1) / kMergeRowsThreads),
+                                  kMergeRowsThreads, 0, stream>>>(args);
+    return cudaGetLastError();
+  }
   const dim3 merge_grid(static_cast<unsigned>(q.rows * num_heads),
                         static_cast<unsigned>((head_dim + kWarpSize - 1) / kWarpSize));
   attention_merge_kernel<<<merge_grid, kMergeThreads, 0, stream>>>(args);

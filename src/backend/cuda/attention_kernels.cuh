@@ -1,16 +1,20 @@
-// Shared by the attention kernels (attention.cu dispatches; attention_rows.cu: decode and verify on FP32
-// cores; attention_prefill.cu: prefill on tensor cores). The query rows of one KV head are the pairs
+// Shared by the attention kernels (attention.cu dispatches; attention_rows.cu: decode, and verify of other
+// head_dims, on FP32 cores; attention_verify.cu: verify on tensor cores; attention_prefill.cu: prefill on
+// tensor cores). The query rows of one KV head are the pairs
 // (token t, grouped head g), numbered i = t * heads_per_kv + g, so one block reads its KV head's keys once
 // for all of them. Query row i of token t sees cache rows 0..positions[t]; a position outside the cache
 // sees none and gets a NaN output row.
 //
 // With `splits` > 1 the keys of a block are split over blocks (flash-decoding): each writes, per query
 // row and split, a partial [max score (scaled), sum of exp(score - max), the unnormalised weighted values]
-// that attention_merge_kernel combines. A split without keys for a row writes max -inf, sum 0, values 0.
+// that the merge kernels of attention.cu combine. A split without keys for a row writes max -inf, sum 0,
+// values 0.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
@@ -77,6 +81,13 @@ __device__ inline void copy_async_16(void* shared, const void* global) {
   const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");
 }
+// The 16 bytes at `global`, or zeros when `present` is false (nothing is read then).
+__device__ inline void copy_async_16_or_zero(void* shared, const void* global, bool present) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
+               "r"(present ? 16 : 0)
+               : "memory");
+}
 __device__ inline void commit_async() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -85,9 +96,53 @@ __device__ inline void wait_async() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// ---- split-BF16 tensor-core arithmetic (attention_prefill.cu, attention_verify.cu) ----
+// Every operand x is split into hi = bf16(x) and lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x); a product is
+// hi*hi + hi*lo + lo*hi with FP32 accumulation (mma.sync m16n8k16, sm_80+).
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ inline uint32_t bf16_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// (first, second) -> hi pair and lo pair, first in the low half.
+__device__ inline void split_pair(float first, float second, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 high = __floats2bfloat162_rn(first, second);
+  const float2 rounded = __bfloat1622float2(high);
+  hi = bf16_bits(high);
+  lo = bf16_bits(__floats2bfloat162_rn(first - rounded.x, second - rounded.y));
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* shared) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += (a_hi + a_lo)(b_hi + b_lo) without the lo*lo term; the small terms first.
+__device__ inline void mma_split(float (&c)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                 uint32_t b_hi0, uint32_t b_hi1, uint32_t b_lo0, uint32_t b_lo1) {
+  mma_bf16(c, a_hi, b_lo0, b_lo1);
+  mma_bf16(c, a_lo, b_hi0, b_hi1);
+  mma_bf16(c, a_hi, b_hi0, b_hi1);
+}
+
 // Launchers of the regimes (attention.cu chooses one and runs attention_merge_kernel after it when split).
 cudaError_t launch_attention_decode(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t launch_attention_verify(const AttentionArgs& args, cudaStream_t stream);
+// The tensor-core verify kernel (attention_verify.cu) takes head_dim 32, 64, 128 or 256: the dynamic shared
+// memory a block of it needs, 0 for another head_dim.
+size_t attention_verify_mma_shared_bytes(int head_dim);
+cudaError_t launch_attention_verify_mma(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPlanes& planes,
                                      cudaStream_t stream);
 

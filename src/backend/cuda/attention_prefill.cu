@@ -33,19 +33,6 @@ namespace {
 constexpr int kWarps = kPrefillRows / 16;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kKeyTile = kPrefillKeyTile;
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ inline uint32_t bf16_bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// (first, second) -> hi pair and lo pair, first in the low half.
-__device__ inline void split_pair(float first, float second, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 high = __floats2bfloat162_rn(first, second);
-  const float2 rounded = __bfloat1622float2(high);
-  hi = bf16_bits(high);
-  lo = bf16_bits(__floats2bfloat162_rn(first - rounded.x, second - rounded.y));
-}
 
 // 8 floats -> 16 bytes of hi and 16 bytes of lo.
 __device__ inline void split_chunk(const float (&x)[8], uint4& hi, uint4& lo) {
@@ -55,32 +42,11 @@ __device__ inline void split_chunk(const float (&x)[8], uint4& hi, uint4& lo) {
   split_pair(x[6], x[7], hi.w, lo.w);
 }
 
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* shared) {
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* shared) {
   const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
-}
-
-__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// c += (a_hi + a_lo)(b_hi + b_lo) without the lo*lo term; the small terms first.
-__device__ inline void mma_split(float (&c)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
-                                 uint32_t b_hi0, uint32_t b_hi1, uint32_t b_lo0, uint32_t b_lo1) {
-  mma_bf16(c, a_hi, b_lo0, b_lo1);
-  mma_bf16(c, a_lo, b_hi0, b_hi1);
-  mma_bf16(c, a_hi, b_hi0, b_hi1);
 }
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kDim] BF16 tile: chunks are XOR-swizzled
