@@ -1,7 +1,8 @@
-// Attention of few query rows (a decode step, a 16-token verify block) on FP32 cores, exact like the CPU op
-// up to summation order. Both kernels take one block per (KV head, key split) and serve all query rows of
-// that KV head (tokens x grouped heads), so each K/V row is read from memory once per step, not once per
-// query head; the splits fill the GPU (attention_kernels.cuh).
+// Attention of few query rows (a decode step; a verify block whose head_dim the tensor-core verify kernel of
+// attention_verify.cu does not take) on FP32 cores, exact like the CPU op up to summation order. Both kernels
+// take one block per (KV head, key split) and serve all query rows of that KV head (tokens x grouped heads),
+// so each K/V row is read from memory once per step, not once per query head; the splits fill the GPU
+// (attention_kernels.cuh).
 //
 // Decode (<= 4 query rows: Qwen3.5-4B's 4 grouped heads of one token): the 4 warps of a block take turns of
 // 4 consecutive keys; a lane holds 8 of the 256 dims (two float4) of all 4 query rows and of their
@@ -20,8 +21,7 @@
 // about 2x the read time. H200: context 4096 68 us per layer, 32768 402 us (was 395 us at 4096; the first
 // version of this kernel, one row per lane, took 111 us: its 128-bit shared loads were served a quarter-warp
 // at a time). Still ~3x over the FP32 bound: 255 registers (40 bytes spilled), 8 warps per multiprocessor,
-// the 5 dependent shuffles of each key's reduction; next is the tensor-core kernel with K/V split in
-// registers.
+// the 5 dependent shuffles of each key's reduction. Head_dims 32/64/128/256 now take attention_verify.cu.
 #include <cmath>
 
 #include "backend/cuda/attention_kernels.cuh"
