@@ -257,5 +257,65 @@ TEST(CpuGatedDeltaRule, SplitAcrossCallsEqualsAllAtOnce) {
   }
 }
 
+// gdn_commit over two layers (strided conv inputs, as the model's pending rows are) equals, per layer,
+// conv1d_silu and gated_delta_rule with update_state: the states bit for bit (the recurrence, T <= 16),
+// T = 17 against the recurrence itself; conv histories shorter and longer than T.
+TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
+  std::mt19937 rng(34);
+  auto backend = make_cpu_backend();
+  constexpr int64_t kKernel = 4, kLayers = 2;
+  for (int64_t tokens : {1, 2, 3, 16, 17}) {
+    SCOPED_TRACE(::testing::Message() << "T " << tokens);
+    std::vector<GdnProblem> problems;
+    std::vector<TestTensor> conv_inputs, conv_weights, conv_states, commit_conv_states, commit_states;
+    std::vector<GdnCommitLayer> layers;
+    for (int64_t i = 0; i < kLayers; ++i) {
+      const GdnProblem& p = problems.emplace_back(rng, kGroupedShape, tokens);
+      const int64_t channels = p.qkv.cols();
+      conv_inputs.push_back(cpu_test::random_tensor(rng, DType::F32, tokens, channels, -1, 1, channels + 5));
+      conv_weights.push_back(cpu_test::random_tensor(rng, DType::F32, channels, kKernel, -0.5, 0.5));
+      conv_states.push_back(cpu_test::random_tensor(rng, DType::F32, channels, kKernel - 1, -1, 1));
+      commit_conv_states.push_back(cpu_test::random_tensor(rng, DType::F32, channels, kKernel - 1));
+      backend->copy(commit_conv_states.back().view(), conv_states.back().view());
+      commit_states.push_back(p.state_copy());
+    }
+    for (int64_t i = 0; i < kLayers; ++i)
+      layers.push_back({commit_conv_states[i].view(), conv_inputs[i].view(), commit_states[i].view(),
+                        problems[i].qkv.view(), problems[i].beta.view(), problems[i].g.view()});
+    backend->gdn_commit(layers, kGroupedShape);
+    for (int64_t i = 0; i < kLayers; ++i) {
+      const GdnProblem& p = problems[i];
+      TestTensor conv_out(DType::F32, tokens, p.qkv.cols()), out(DType::F32, tokens, p.out_cols());
+      TestTensor state = p.state_copy();
+      backend->conv1d_silu(conv_out.view(), conv_inputs[i].view(), conv_states[i].view(),
+                           conv_weights[i].view(), true);
+      if (tokens <= cpu::kGdnRecurrentMaxTokens)
+        backend->gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(), p.shape,
+                                  true);
+      else
+        cpu::gated_delta_rule_recurrent(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(),
+                                        p.shape);
+      EXPECT_EQ(cpu_test::relative_max_error(commit_conv_states[i], cpu_test::reference_of(conv_states[i])),
+                0.0);
+      EXPECT_EQ(cpu_test::relative_max_error(commit_states[i], cpu_test::reference_of(state)), 0.0);
+    }
+  }
+}
+
+// A layer whose inputs have another T than the first layer's is refused, naming the layer.
+TEST(CpuGdnCommit, RefusesLayersOfDifferentLengths) {
+  std::mt19937 rng(35);
+  auto backend = make_cpu_backend();
+  const GdnProblem first(rng, kGroupedShape, 3), second(rng, kGroupedShape, 2);
+  TestTensor conv_state = cpu_test::random_tensor(rng, DType::F32, first.qkv.cols(), 3);
+  TestTensor state_a = first.state_copy(), state_b = second.state_copy();
+  const std::vector<GdnCommitLayer> layers = {{conv_state.view(), first.qkv.view(), state_a.view(),
+                                               first.qkv.view(), first.beta.view(), first.g.view()},
+                                              {conv_state.view(), second.qkv.view(), state_b.view(),
+                                               second.qkv.view(), second.beta.view(), second.g.view()}};
+  cpu_test::expect_error([&] { backend->gdn_commit(layers, kGroupedShape); },
+                         {"gdn_commit", "layers[1].conv_input", "[2, 192]", "[3, 192]"});
+}
+
 }  // namespace
 }  // namespace qspec

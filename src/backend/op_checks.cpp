@@ -297,6 +297,28 @@ void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Ten
   require_shape(op, "state", state, int64_t{nv} * dk, dv);
 }
 
+void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape) {
+  constexpr std::string_view op = "gdn_commit";
+  check_gdn_shape(shape);
+  const auto& [nk, nv, dk, dv] = shape;
+  const int64_t tokens = layers.empty() ? 0 : layers.front().qkv.rows;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const GdnCommitLayer& layer = layers[i];
+    const auto arg = [i](std::string_view name) { return fmt::format("layers[{}].{}", i, name); };
+    require_activation(op, arg("conv_state"), layer.conv_state);
+    require_activation(op, arg("conv_input"), layer.conv_input);
+    require_activation(op, arg("recurrent_state"), layer.recurrent_state);
+    require_activation(op, arg("qkv"), layer.qkv);
+    require_activation(op, arg("beta"), layer.beta);
+    require_activation(op, arg("g"), layer.g);
+    require_shape(op, arg("conv_input"), layer.conv_input, tokens, layer.conv_state.rows);
+    require_shape(op, arg("recurrent_state"), layer.recurrent_state, int64_t{nv} * dk, dv);
+    require_shape(op, arg("qkv"), layer.qkv, tokens, 2 * int64_t{nk} * dk + int64_t{nv} * dv);
+    require_shape(op, arg("beta"), layer.beta, tokens, nv);
+    require_shape(op, arg("g"), layer.g, tokens, nv);
+  }
+}
+
 void check_argmax_args(const Tensor& out_ids, const Tensor& logits) {
   require_activation("argmax", "logits", logits);
   if (logits.cols < 1 || logits.cols > std::numeric_limits<int32_t>::max())

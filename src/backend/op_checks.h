@@ -69,6 +69,8 @@ void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, 
 void check_gdn_shape(const GdnShape& shape);
 void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                  const Tensor& state, const GdnShape& shape);
+// gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T.
+void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape);
 // argmax: logits F32 [rows, V] with 1 <= V <= INT32_MAX (ids are I32), out_ids I32 [rows, 1].
 void check_argmax_args(const Tensor& out_ids, const Tensor& logits);
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/tensor.h"
@@ -33,6 +34,14 @@ struct GdnShape {
   int num_value_heads;  // nv; value head h reads key head h / (nv / nk)
   int key_head_dim;     // dk
   int value_head_dim;   // dv
+};
+
+// One GDN layer's part of a commit: its states and the T accepted rows' inputs to advance them past.
+struct GdnCommitLayer {
+  Tensor conv_state;       // [C, K-1], as conv1d_silu's state
+  Tensor conv_input;       // [T, C], conv1d_silu's x of the rows
+  Tensor recurrent_state;  // [nv * dk, dv], as gated_delta_rule's state
+  Tensor qkv, beta, g;     // gated_delta_rule's inputs of the same T rows
 };
 
 struct AttentionShape {
@@ -142,6 +151,11 @@ class Backend {
   // L2-normalised inside (eps 1e-6) and q scaled by dk^-0.5. out [T, nv*dv].
   virtual void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape, bool update_state) = 0;
+  // The states' side of accepting T rows of a verify step, for many GDN layers in one call (one launch on
+  // CUDA): each conv state advances as conv1d_silu with update_state would, each recurrent state as
+  // gated_delta_rule with update_state would (bit for bit where that op runs its per-token recurrence: T up
+  // to a verify block); no outputs. All layers have the same T and shape.
+  virtual void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) = 0;
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;

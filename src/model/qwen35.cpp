@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/progress.h"
@@ -313,19 +314,17 @@ void Qwen35Model::commit(Qwen35State& state, int rows) {
     fail("commit: {} rows, but the pending verify step has {}", rows, state.pending_rows);
   if (rows > 0) {
     graphs_.run(GraphKey{state.id, Step::Commit, rows, 0, {}}, [&] {
-      const GdnShape shape = gdn_shape(config_);
+      // Only the states advance (the outputs are the verify step's again), every layer in one op.
+      std::vector<GdnCommitLayer> layers;
       for (size_t i = 0; i < weights_.layers.size(); ++i) {
-        const Qwen35Layer& layer = weights_.layers[i];
+        if (weights_.layers[i].type != LayerType::LinearAttention) continue;
         Qwen35State::Layer& s = state.layers[i];
-        if (layer.type != LayerType::LinearAttention) continue;
-        // The outputs are the verify step's again; only the states matter.
-        backend_.conv1d_silu(first_rows(ws_->gdn_conv, rows),
-                             first_rows(s.pending_conv_in, rows).cols_view(0, config_.conv_dim()),
-                             s.conv_state->tensor(), layer.conv_weight, true);
-        backend_.gated_delta_rule(first_rows(ws_->gdn_core, rows), first_rows(s.pending_qkv, rows),
-                                  first_rows(s.pending_beta, rows), first_rows(s.pending_g, rows),
-                                  s.recurrent_state->tensor(), shape, true);
+        layers.push_back({s.conv_state->tensor(),
+                          first_rows(s.pending_conv_in, rows).cols_view(0, config_.conv_dim()),
+                          s.recurrent_state->tensor(), first_rows(s.pending_qkv, rows),
+                          first_rows(s.pending_beta, rows), first_rows(s.pending_g, rows)});
       }
+      backend_.gdn_commit(layers, gdn_shape(config_));
     });
   }
   state.n_past += rows;

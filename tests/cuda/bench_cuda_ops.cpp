@@ -206,6 +206,22 @@ int run(const char* out_path) {
       results.push_back(
           entry(fmt::format("gated_delta_rule T={} nv 32 dk=dv=128 (state r+w)", tokens), bytes, seconds));
     }
+    // The commit of a verify step's accepted rows: all 24 layers' conv and recurrent states in one
+    // gdn_commit.
+    for (int64_t tokens : {1, 4, 16}) {
+      constexpr int64_t kConvHistory = 3;
+      const Tensor qkv = bench.activation(tokens, kQkvCols, -1, 1);
+      const Tensor beta = bench.activation(tokens, kHeads, 0.1f, 0.9f);
+      const Tensor g = bench.activation(tokens, kHeads, -1.0f, -0.01f);
+      std::vector<GdnCommitLayer> layers;
+      for (const Tensor& state : states)
+        layers.push_back({bench.activation(kQkvCols, kConvHistory, -1, 1), qkv, state, qkv, beta, g});
+      const double seconds = bench.time([&] { backend->gdn_commit(layers, shape); });
+      const double bytes = kLayers * (2.0 * kHeads * kDim * kDim * 4 + 2.0 * kQkvCols * kConvHistory * 4 +
+                                      4.0 * static_cast<double>(tokens * (2 * kQkvCols + 2 * kHeads)));
+      results.push_back(
+          entry(fmt::format("gdn_commit 24 layers T={} nv 32 dk=dv=128", tokens), bytes, seconds));
+    }
     for (int64_t tokens : {2048, 8192}) {
       const Tensor qkv = bench.activation(tokens, kQkvCols, -1, 1);
       const Tensor beta = bench.activation(tokens, kHeads, 0.1f, 0.9f);

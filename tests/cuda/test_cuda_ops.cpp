@@ -737,6 +737,10 @@ TEST(CudaOps, GatedDeltaRule) {
       {{16, 32, 128, 128}, {1, 3, 16, 40, 63, 64, 65, 200, 3000}},
       {{2, 4, 32, 32}, {1, 16, 63, 64, 65, 200}},
       {{3, 6, 64, 48}, {1, 3, 63, 64, 65, 200, 2100}},
+      // dk 48 of 64 padded rows, dv 20: a slab with a half-empty warp and an empty one.
+      {{1, 3, 48, 20}, {1, 3, 15, 16, 17, 40}},
+      // The general recurrent kernel: dk above 128 (no chunked form either), dv not a multiple of 4.
+      {{2, 2, 160, 30}, {1, 3, 16, 33}},
   };
   for (const Case& c : cases) {
     for (int64_t tokens : c.tokens) {
@@ -788,33 +792,111 @@ TEST(CudaOps, GatedDeltaRuleWithoutStateUpdate) {
   }
 }
 
-// Replaying accepted tokens must rebuild the state of the verify bit for bit: 16 tokens in one call equal the
-// same tokens fed in calls of 1 and of 3 + 13 (rows and final state).
+// Replaying accepted tokens must rebuild the state of the verify bit for bit: tokens in one call equal the
+// same tokens fed in calls of 1, of 3 + 13, and (40 tokens: other places in the kernel's 16-token stages) of
+// 17 + 23 (rows and final state); on the 4B shape, a padded one and one of the general kernel.
 TEST(CudaOps, GatedDeltaRuleTokensIndependentOfCall) {
   std::mt19937 rng(16);
   auto& b = backends();
-  const GdnCase in(rng, {16, 32, 128, 128}, 16);
-  TensorPair together_state = in.fresh_state();
-  TensorPair together = b.poisoned(16, in.out_cols());
-  b.gpu().gated_delta_rule(together.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), together_state.gpu(),
-                           in.shape, true);
-  const std::vector<std::vector<int64_t>> splits = {std::vector<int64_t>(16, 1), {3, 13}};
-  for (const std::vector<int64_t>& split : splits) {
-    TensorPair state = in.fresh_state();
-    TensorPair out = b.poisoned(16, in.out_cols());
-    int64_t first = 0;
-    for (int64_t count : split) {
-      b.gpu().gated_delta_rule(out.gpu().rows_view(first, count), in.qkv.gpu().rows_view(first, count),
-                               in.beta.gpu().rows_view(first, count), in.g.gpu().rows_view(first, count),
-                               state.gpu(), in.shape, true);
-      first += count;
+  struct Case {
+    GdnShape shape;
+    int64_t tokens;
+    std::vector<std::vector<int64_t>> splits;
+  };
+  const std::vector<Case> cases = {
+      {{16, 32, 128, 128}, 16, {std::vector<int64_t>(16, 1), {3, 13}}},
+      {{16, 32, 128, 128}, 40, {{17, 23}, {1, 15, 24}}},
+      {{1, 3, 48, 20}, 16, {std::vector<int64_t>(16, 1)}},
+      {{2, 2, 160, 30}, 16, {{3, 13}}},
+  };
+  for (const Case& c : cases) {
+    const GdnCase in(rng, c.shape, c.tokens);
+    TensorPair together_state = in.fresh_state();
+    TensorPair together = b.poisoned(c.tokens, in.out_cols());
+    b.gpu().gated_delta_rule(together.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), together_state.gpu(),
+                             in.shape, true);
+    for (const std::vector<int64_t>& split : c.splits) {
+      TensorPair state = in.fresh_state();
+      TensorPair out = b.poisoned(c.tokens, in.out_cols());
+      int64_t first = 0;
+      std::string calls;
+      for (int64_t count : split) {
+        b.gpu().gated_delta_rule(out.gpu().rows_view(first, count), in.qkv.gpu().rows_view(first, count),
+                                 in.beta.gpu().rows_view(first, count), in.g.gpu().rows_view(first, count),
+                                 state.gpu(), in.shape, true);
+        first += count;
+        calls += fmt::format("{}{}", calls.empty() ? "" : " + ", count);
+      }
+      const std::string name = fmt::format("{} in calls of {}", in.label(), calls);
+      expect_close("gated_delta_rule", name + ": out equals one call's", b.read_gpu(out.gpu()),
+                   b.read_gpu(together.gpu()), kExact);
+      expect_close("gated_delta_rule", name + ": state equals one call's", b.read_gpu(state.gpu()),
+                   b.read_gpu(together_state.gpu()), kExact);
     }
-    const std::string name =
-        fmt::format("{} in calls of {}", in.label(), split.size() == 16 ? "1" : "3 + 13");
-    expect_close("gated_delta_rule", name + ": out equals one call's", b.read_gpu(out.gpu()),
-                 b.read_gpu(together.gpu()), kExact);
-    expect_close("gated_delta_rule", name + ": state equals one call's", b.read_gpu(state.gpu()),
-                 b.read_gpu(together_state.gpu()), kExact);
+  }
+}
+
+// gdn_commit (the states of many layers in one launch, no outputs) against the CPU op, and against the CUDA
+// conv1d_silu + gated_delta_rule with update_state, which it must equal bit for bit (a commit replays what
+// plain decode would have computed). Strided conv inputs as in the model; 26 layers of a small shape take
+// two launches (24 per launch); the 4B shape; a padded shape; a layer of the general kernel. Conv state:
+// exact (a copy); recurrent state against the CPU: kRecurrentGdnTolerance.
+TEST(CudaOps, GdnCommit) {
+  std::mt19937 rng(18);
+  auto& b = backends();
+  constexpr int64_t kKernel = 4;
+  struct Case {
+    GdnShape shape;
+    int layers;
+    std::vector<int64_t> tokens;
+  };
+  const std::vector<Case> cases = {
+      {{16, 32, 128, 128}, 3, {1, 3, 16}},
+      {{2, 4, 32, 32}, 26, {2, 16}},
+      {{1, 3, 48, 20}, 2, {1, 15}},
+      {{2, 2, 160, 30}, 2, {3, 16}},
+  };
+  for (const Case& c : cases) {
+    for (int64_t tokens : c.tokens) {
+      std::vector<GdnCase> inputs;
+      std::vector<TensorPair> conv_inputs, conv_states, conv_states_before, states;
+      for (int i = 0; i < c.layers; ++i) {
+        const GdnCase& in = inputs.emplace_back(rng, c.shape, tokens);
+        const int64_t channels = in.qkv_cols();
+        conv_inputs.push_back(
+            b.activation(tokens, channels + 3, random_floats(rng, tokens * (channels + 3), -1.0f, 1.0f)));
+        const std::vector<float> history = random_floats(rng, channels * (kKernel - 1), -1.0f, 1.0f);
+        conv_states.push_back(b.activation(channels, kKernel - 1, history));
+        conv_states_before.push_back(b.activation(channels, kKernel - 1, history));
+        states.push_back(in.fresh_state());
+      }
+      const std::string label = fmt::format("gdn_commit {} layers of {}", c.layers, inputs.front().label());
+      on_both([&](const Side& s) {
+        std::vector<GdnCommitLayer> layers;
+        for (int i = 0; i < c.layers; ++i)
+          layers.push_back({s(conv_states[i]), s(conv_inputs[i]).cols_view(0, inputs[i].qkv_cols()),
+                            s(states[i]), s(inputs[i].qkv), s(inputs[i].beta), s(inputs[i].g)});
+        s.backend.gdn_commit(layers, c.shape);
+      });
+      for (int i = 0; i < c.layers; ++i) {
+        const GdnCase& in = inputs[i];
+        const std::string layer = fmt::format("{} layer {}", label, i);
+        compare("gdn_commit", layer + " conv state vs CPU", conv_states[i], kExact);
+        compare("gdn_commit", layer + " recurrent state vs CPU", states[i], kRecurrentGdnTolerance);
+        TensorPair state = in.fresh_state();
+        TensorPair conv_out = b.poisoned(tokens, in.qkv_cols()), out = b.poisoned(tokens, in.out_cols());
+        const WeightPair weight = b.weight(DType::BF16, in.qkv_cols(), kKernel,
+                                           random_floats(rng, in.qkv_cols() * kKernel, -0.5f, 0.5f));
+        b.gpu().conv1d_silu(conv_out.gpu(), conv_inputs[i].gpu().cols_view(0, in.qkv_cols()),
+                            conv_states_before[i].gpu(), weight.gpu, true);
+        b.gpu().gated_delta_rule(out.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), state.gpu(), in.shape,
+                                 true);
+        expect_close("gdn_commit", layer + " conv state vs CUDA conv1d_silu",
+                     b.read_gpu(conv_states[i].gpu()), b.read_gpu(conv_states_before[i].gpu()), kExact);
+        expect_close("gdn_commit", layer + " recurrent state vs CUDA gated_delta_rule",
+                     b.read_gpu(states[i].gpu()), b.read_gpu(state.gpu()), kExact);
+      }
+    }
   }
 }
 

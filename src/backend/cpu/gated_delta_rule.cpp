@@ -72,6 +72,7 @@ void vector_matrix(const float* x, const float* m, int64_t rows, int64_t cols, f
     for (int64_t j = 0; j < cols; ++j) out[j] += x[i] * m[i * cols + j];
 }
 
+// An empty `out`: the state update alone.
 void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor& out, int head) {
   const int64_t dk = in.dk, dv = in.dv;
   std::vector<float> prediction(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
@@ -85,7 +86,7 @@ void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor&
     for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - prediction[j]) * in.beta[t];
     for (int64_t i = 0; i < dk; ++i)
       for (int64_t j = 0; j < dv; ++j) s[i * dv + j] += k[i] * delta[j];
-    vector_matrix(q, s.data(), dk, dv, out.row<float>(t) + head * dv);
+    if (!out.empty()) vector_matrix(q, s.data(), dk, dv, out.row<float>(t) + head * dv);
   }
 }
 
@@ -163,12 +164,10 @@ void chunked_head(const HeadSequence& in, std::vector<float>& s, const Tensor& o
 }
 
 // Runs head_rule(inputs, state, out, head) for every value head, heads spread over threads; the state
-// is written back when update_state.
+// is written back when update_state. Arguments checked by the caller.
 template <typename HeadRule>
 void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                    const Tensor& state, const GdnShape& shape, bool update_state, HeadRule head_rule) {
-  check_gdn_shape(shape);
-  check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
   ThreadPool::global().parallel_for(
       static_cast<size_t>(shape.num_value_heads), [&](size_t begin, size_t end) {
         for (auto head = static_cast<int>(begin); head < static_cast<int>(end); ++head) {
@@ -180,16 +179,29 @@ void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, con
       });
 }
 
+void check_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                const Tensor& state, const GdnShape& shape) {
+  check_gdn_shape(shape);
+  check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
+}
+
 }  // namespace
 
 void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape) {
+  check_args(out, qkv, beta, g, state, shape);
   for_each_head(out, qkv, beta, g, state, shape, true, recurrent_head);
+}
+
+void advance_gated_delta_rule_state(const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                    const Tensor& state, const GdnShape& shape) {
+  for_each_head(Tensor{}, qkv, beta, g, state, shape, true, recurrent_head);
 }
 
 void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                               const Tensor& state, const GdnShape& shape, int chunk_size) {
   if (chunk_size <= 0) fail("gated_delta_rule: chunk size must be positive, got {}", chunk_size);
+  check_args(out, qkv, beta, g, state, shape);
   for_each_head(out, qkv, beta, g, state, shape, true,
                 [chunk_size](const HeadSequence& in, std::vector<float>& s, const Tensor& o, int head) {
                   chunked_head(in, s, o, head, chunk_size);
@@ -198,6 +210,7 @@ void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor
 
 void CpuBackend::gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                   const Tensor& state, const GdnShape& shape, bool update_state) {
+  check_args(out, qkv, beta, g, state, shape);
   if (qkv.rows <= kGdnRecurrentMaxTokens) {
     for_each_head(out, qkv, beta, g, state, shape, update_state, recurrent_head);
   } else {

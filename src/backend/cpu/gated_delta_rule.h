@@ -20,6 +20,11 @@ inline constexpr int64_t kGdnRecurrentMaxTokens = 16;  // a DFlash block
 void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape);
 
+// The recurrence's state update alone (no outputs), for any T: gdn_commit's recurrent part. Arguments
+// checked by the caller.
+void advance_gated_delta_rule_state(const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                                    const Tensor& state, const GdnShape& shape);
+
 void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                               const Tensor& state, const GdnShape& shape, int chunk_size = kGdnChunkSize);
 

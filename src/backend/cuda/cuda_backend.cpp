@@ -314,6 +314,20 @@ class CudaBackend final : public Backend {
         "gated_delta_rule");
   }
 
+  void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) override {
+    check_gdn_commit_args(layers, shape);
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i].conv_state.cols > kMaxConvKernel - 1)
+        fail("gdn_commit: layers[{}].conv_state has {} columns, expected at most {} (kernel sizes up to {})", i,
+             layers[i].conv_state.cols, kMaxConvKernel - 1, kMaxConvKernel);
+    if (shape.key_head_dim > kGdnRecurrentMaxKeyDim)
+      fail("gdn_commit: key_head_dim {} is above the CUDA backend's {}", shape.key_head_dim,
+           kGdnRecurrentMaxKeyDim);
+    check_cuda(launch_gdn_commit(layers.data(), layers.size(), shape.num_key_heads, shape.num_value_heads,
+                                 shape.key_head_dim, shape.value_head_dim, stream()),
+               "gdn_commit");
+  }
+
   void argmax(const Tensor& out_ids, const Tensor& logits) override {
     check_argmax_args(out_ids, logits);
     require_rows_limit("argmax", logits.rows);

@@ -2,21 +2,23 @@
 // accepted prefix, i.e. every call shorter than kGdnChunkedMinTokens (longer ones:
 // gated_delta_rule_chunked.cu). Per value head h with state S [dk, dv] and decay exp(g):
 //   S = exp(g) S ;  delta = beta (v - S^T k) ;  S += k delta^T ;  o = S^T q
-// with q, k L2-normalised (eps 1e-6) and q scaled by dk^-0.5. Columns of S evolve independently: one block
-// owns one head's slab of kColumns columns, held in registers for all T tokens (read and written once).
-// Thread = (column of the slab, row group): it keeps rows row_group + kRowGroups r of its column, so a warp's
-// loads and stores are 64-byte row pieces; sums over rows go lane pairs (shuffle) then warps (shared
-// memory, fixed order). The next token's q, k, v, beta, g are loaded while the current one is computed.
-// A token's arithmetic does not depend on T: one call of 16 tokens and 16 calls of one give the same bits.
+// with q, k L2-normalised (eps 1e-6) and q scaled by dk^-0.5.
 //
-// H200, Qwen3.5-4B (32 heads x 8 slabs = 256 blocks of 128 threads, 2 MiB state read + written), host-timed
-// back-to-back calls: T = 1 5.0 us per layer (was 9.1 us with 128 blocks walking the slab in shared memory;
-// predicted ~2.5 us), T = 16 15.4 us (4 barriers per token). Tried and measured slower: one warp per 8
-// columns without barriers (4.8 / 18.2 us: each next token's inputs a memory round trip away), the same with
-// the inputs of 16 tokens staged in shared memory by the block (8.0 / 16.1 us).
+// Two kernels; which one runs depends only on the shape and the state's alignment, never on T, so a token's
+// bits do not depend on how the tokens are split into calls:
+//  - gated_delta_rule_warp_kernel (dk <= 128, dv % 4 == 0, 16-byte aligned state rows): gdn_recurrence.cuh,
+//    a warp per 8 columns x all rows, no barrier per token. Qwen3.5-4B: 32 heads x 4 slabs = 128 blocks of
+//    4 warps (one warp per SM sub-partition), 16-byte state loads, all of them in flight at once.
+//    Predicted per layer: T = 1 ~2 us (one DRAM round trip for 2 MiB at 4.16 TB/s ~1 us, the staging of q/k
+//    from L2 under it, ~0.3 us of normalisation and token, the write-back ~0.5 us); T = 16 ~3.5-4 us (the
+//    per-token chain: 8 dependent FMAs, 4 + 2 shuffle steps and the update, ~250-300 cycles ~0.15 us).
+//  - gated_delta_rule_recurrent_kernel, every other shape (dk <= 256): block = (head, 16 columns), thread =
+//    (column, row group) with rows row_group + 8 r; sums over rows by lane pairs then warps (shared memory, 4
+//    barriers per token). Measured on the 4B shape: T = 1 4.3 us, T = 16 15.3 us per layer.
 #include <cmath>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/gdn_recurrence.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace qspec::cuda {
@@ -29,7 +31,7 @@ constexpr int kThreads = kColumns * kRowGroups;  // 128
 constexpr int kWarps = kThreads / kWarpSize;     // 4, each holding row groups 2w and 2w + 1
 constexpr float kL2NormEps = 1e-6f;
 
-// dk <= kRowsPerThread * kRowGroups.
+// dk <= kRowsPerThread * kRowGroups; out == nullptr: the state only.
 template <int kRowsPerThread>
 __global__ void __launch_bounds__(kThreads)
     gated_delta_rule_recurrent_kernel(float* out, int64_t out_stride, const float* qkv, int64_t qkv_stride,
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
     output += __shfl_xor_sync(0xffffffffu, output, kColumns);
     if (lane < kColumns) output_partials[warp][slab_column] = output;
     __syncthreads();
-    if (tid < kColumns && valid_column) {
+    if (out != nullptr && tid < kColumns && valid_column) {
       output = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) output += output_partials[w][tid];
@@ -153,6 +155,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <int kRows, bool kOutputs>
+__global__ void __launch_bounds__(gdn::kThreads)
+    gated_delta_rule_warp_kernel(gdn::RecurrenceArgs args, gdn::Dims dims, bool update_state) {
+  gdn::recurrence_slab<kRows, kOutputs>(args, dims, static_cast<int>(blockIdx.x),
+                                        static_cast<int>(blockIdx.y), update_state);
+}
+
 }  // namespace
 
 cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta,
@@ -160,9 +169,35 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream) {
   if (qkv.rows == 0) return cudaSuccess;
+  const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_head_dim)));
+  if (gdn::recurrence_fits(state.ptr<const float>(), state.stride, key_head_dim, value_head_dim)) {
+    const gdn::RecurrenceArgs args{out.ptr<float>(),
+                                   out.stride,
+                                   qkv.ptr<const float>(),
+                                   qkv.stride,
+                                   beta.ptr<const float>(),
+                                   beta.stride,
+                                   g.ptr<const float>(),
+                                   g.stride,
+                                   state.ptr<float>(),
+                                   state.stride,
+                                   qkv.rows};
+    const gdn::Dims dims{num_key_heads, num_value_heads, key_head_dim, value_head_dim, query_scale};
+    const dim3 grid(static_cast<unsigned int>(num_value_heads),
+                    static_cast<unsigned int>(gdn::slabs(value_head_dim)));
+    return gdn::with_rows_per_lane(key_head_dim, [&](auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      if (out.empty())
+        gated_delta_rule_warp_kernel<kRows, false>
+            <<<grid, gdn::kThreads, 0, stream>>>(args, dims, update_state);
+      else
+        gated_delta_rule_warp_kernel<kRows, true>
+            <<<grid, gdn::kThreads, 0, stream>>>(args, dims, update_state);
+      return cudaGetLastError();
+    });
+  }
   const dim3 grid(static_cast<unsigned int>(num_value_heads),
                   static_cast<unsigned int>((value_head_dim + kColumns - 1) / kColumns));
-  const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_head_dim)));
   const auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(
         out.ptr<float>(), out.stride, qkv.ptr<const float>(), qkv.stride, beta.ptr<const float>(),

@@ -9,6 +9,10 @@
 
 #include "backend/tensor.h"
 
+namespace qspec {
+struct GdnCommitLayer;
+}
+
 namespace qspec::cuda {
 
 // row_copy.cu: rows by index. An id / position outside the table / cache cannot be reported without a host
@@ -116,13 +120,18 @@ cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& 
 // kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does
 // not depend on T; longer ones the chunked form where it fits the device.
 inline constexpr int64_t kGdnChunkedMinTokens = 64;
-// gated_delta_rule.cu: the per-token recurrence in one launch; block = (value head, 16 state columns), the
-// slab in registers. key_head_dim <= kGdnRecurrentMaxKeyDim.
+// gated_delta_rule.cu: the per-token recurrence in one launch, the state in registers (gdn_recurrence.cuh for
+// key_head_dim <= 128 and whole 16-byte column quads, a general kernel otherwise). key_head_dim <=
+// kGdnRecurrentMaxKeyDim. An empty `out`: the state update alone (gdn_commit's fallback).
 inline constexpr int kGdnRecurrentMaxKeyDim = 256;
 cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta,
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream);
+// gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers); a layer whose state
+// gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel. Conv kernel sizes <= kMaxConvKernel.
+cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int num_key_heads,
+                              int num_value_heads, int key_head_dim, int value_head_dim, cudaStream_t stream);
 // gated_delta_rule_chunked.cu: chunks of 64 tokens (WY form) on tensor cores (3xTF32), head dims <= 128;
 // `workspace` holds gated_delta_rule_chunked_workspace_bytes(...).
 bool gated_delta_rule_chunked_fits(int key_head_dim, int value_head_dim, int max_shared_bytes);
