@@ -1,6 +1,13 @@
 // RMSNorm over groups of columns (plain, zero-centered 1 + w), the gated form of the GDN output
 // y = w * rmsnorm(x) * silu(z), and the residual form x += delta; y = rmsnorm(x) (one kernel instead of an
 // add and a norm per residual connection). One block per (row, group); sum of squares in fp32.
+//
+// Groups of a multiple of 4 columns with 16-byte aligned rows (every Qwen3.5 norm) take the register kernel:
+// each thread holds up to kMaxQuadsPerThread float4 of its group, so x is read from memory once and written
+// once, in 16-byte accesses. Other shapes take the element-wise kernel.
+#include <algorithm>
+#include <cstdint>
+
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 
@@ -9,6 +16,7 @@ namespace qspec::cuda {
 namespace {
 
 constexpr int kBlock = 256;
+constexpr int kMaxQuadsPerThread = 8;
 
 enum class NormInput { Plain, Gated, Residual };
 
@@ -41,14 +49,120 @@ __global__ void rmsnorm_kernel(float* out, int64_t out_stride, float* x, int64_t
   }
 }
 
+__device__ inline float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ inline void store4(float* p, float4 v) {
+  *reinterpret_cast<float4*>(p) = v;
+}
+
+// The register form: thread i holds quads i, i + blockDim.x, ... (at most kQuads) of its group of `quads`
+// float4. Same arithmetic per element as rmsnorm_kernel.
+template <typename W, NormInput kInput, int kQuads>
+__global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, int64_t x_stride,
+                                     const W* weight, const float* z, int64_t z_stride, int quads, float eps,
+                                     float weight_offset) {
+  constexpr bool kGated = kInput == NormInput::Gated;
+  __shared__ float scratch[kBlock / kWarpSize];
+  const int64_t t = blockIdx.y;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * quads * 4;
+  float* in = x + t * x_stride + first;
+  const float* side = kInput == NormInput::Plain ? nullptr : z + t * z_stride + first;
+  // The gate is loaded with x, before the block's reduction, so that both loads are in flight at once.
+  float4 values[kQuads], gates[kGated ? kQuads : 1];
+  float sum_of_squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kQuads; ++k) {
+    const int q = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (q >= quads) break;
+    float4 v = load4(in + 4 * q);
+    if constexpr (kGated) gates[k] = load4(side + 4 * q);
+    if constexpr (kInput == NormInput::Residual) {
+      const float4 d = load4(side + 4 * q);
+      v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
+      store4(in + 4 * q, v);
+    }
+    sum_of_squares += v.x * v.x;
+    sum_of_squares += v.y * v.y;
+    sum_of_squares += v.z * v.z;
+    sum_of_squares += v.w * v.w;
+    values[k] = v;
+  }
+  sum_of_squares = block_sum(sum_of_squares, scratch);
+  const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(quads * 4) + eps);
+  float* y = out + t * out_stride + first;
+#pragma unroll
+  for (int k = 0; k < kQuads; ++k) {
+    const int q = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (q >= quads) break;
+    const float v[4] = {values[k].x, values[k].y, values[k].z, values[k].w};
+    float gate[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kGated) {
+      gate[0] = gates[k].x;
+      gate[1] = gates[k].y;
+      gate[2] = gates[k].z;
+      gate[3] = gates[k].w;
+    }
+    float r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float scale = weight_offset + to_float(weight[4 * q + e]);
+      if constexpr (kGated)
+        r[e] = scale * (v[e] * inverse_rms) * silu(gate[e]);
+      else
+        r[e] = v[e] * inverse_rms * scale;
+    }
+    store4(y + 4 * q, make_float4(r[0], r[1], r[2], r[3]));
+  }
+}
+
+bool rows_aligned_to_float4(const Tensor& t) {
+  return (t.rows <= 1 || t.stride % 4 == 0) && reinterpret_cast<uintptr_t>(t.data) % sizeof(float4) == 0;
+}
+
+// Threads per block and quads per thread of the register kernel for a group of `quads` float4.
+struct QuadsShape {
+  int threads, quads_per_thread;
+};
+QuadsShape quads_shape(int64_t quads) {
+  const int64_t threads =
+      std::clamp<int64_t>((quads + kWarpSize - 1) / kWarpSize * kWarpSize, kWarpSize, kBlock);
+  return {static_cast<int>(threads), static_cast<int>((quads + threads - 1) / threads)};
+}
+
+template <typename W, NormInput kInput, int kQuads>
+void launch_quads(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
+                  float weight_offset, int threads, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(x.cols / weight.cols), static_cast<unsigned int>(x.rows));
+  rmsnorm_quads_kernel<W, kInput, kQuads><<<grid, threads, 0, stream>>>(
+      out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
+      z.stride, static_cast<int>(weight.cols / 4), eps, weight_offset);
+}
+
 template <NormInput kInput>
 cudaError_t launch_norm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
                         bool unit_offset, cudaStream_t stream) {
   if (x.rows == 0 || x.cols == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned int>(x.cols / weight.cols), static_cast<unsigned int>(x.rows));
   const float weight_offset = unit_offset ? 1.0f : 0.0f;
+  const QuadsShape shape = quads_shape(weight.cols / 4);
+  const bool quads = weight.cols % 4 == 0 && shape.quads_per_thread <= kMaxQuadsPerThread &&
+                     rows_aligned_to_float4(out) && rows_aligned_to_float4(x) &&
+                     (kInput == NormInput::Plain || rows_aligned_to_float4(z));
   return with_weight_type(weight.dtype, [&](auto type) {
     using W = decltype(type);
+    if (quads) {
+      static_assert(kMaxQuadsPerThread == 8, "one case per register kernel");
+      if (shape.quads_per_thread <= 1)
+        launch_quads<W, kInput, 1>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      else if (shape.quads_per_thread <= 2)
+        launch_quads<W, kInput, 2>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      else if (shape.quads_per_thread <= 4)
+        launch_quads<W, kInput, 4>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      else
+        launch_quads<W, kInput, 8>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      return cudaGetLastError();
+    }
     rmsnorm_kernel<W, kInput><<<grid, kBlock, 0, stream>>>(
         out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
         z.stride, weight.cols, eps, weight_offset);
