@@ -297,6 +297,70 @@ int run(const char* out_path) {
     }
   }
 
+  // Prefill shapes of the Qwen3.5-4B at 2048 rows. The many-row linear (cuBLAS; W4A16 dequantized to BF16
+  // first, x converted to BF16) for gate|up, qkv|z and down, in TFLOP/s against the ~790 of BF16; the ops
+  // around it in bandwidth: conv1d_silu over the qkv columns of qkvz (T = 2048, 8192), silu_mul, add_rmsnorm,
+  // gated_rmsnorm.
+  {
+    constexpr int64_t kRows = 2048, kHidden = 2560, kFf = 9216, kConvDim = 8192, kValueDim = 4096;
+    struct PrefillLinear {
+      const char* name;
+      int64_t n, k;
+    };
+    for (const PrefillLinear shape :
+         {PrefillLinear{"gate|up", 2 * kFf, kHidden}, PrefillLinear{"qkv|z", kConvDim + kValueDim, kHidden},
+          PrefillLinear{"down", kHidden, kFf}}) {
+      const Tensor x = bench.activation(kRows, shape.k, -1, 1);
+      const Tensor out = bench.activation(kRows, shape.n, -1, 1);
+      const LinearWeight bf16{shape.n, shape.k, bench.weight(DType::BF16, shape.n, shape.k, -0.05f, 0.05f),
+                              {},      {},      0};
+      const LinearWeight w4a16{shape.n,
+                               shape.k,
+                               {},
+                               bench.weight(DType::I32, shape.n, shape.k / 8, 0, 0),
+                               bench.weight(DType::BF16, shape.n, shape.k / 32, 0.002f, 0.02f),
+                               32};
+      const double flop = 2.0 * static_cast<double>(kRows * shape.n * shape.k);
+      for (const LinearWeight* w : {&bf16, &w4a16}) {
+        const double seconds = bench.time([&] { backend->linear(out, x, *w); });
+        results.push_back(
+            flop_entry(fmt::format("linear {} {} M={} N={} K={}", w->quantized() ? "W4A16 g32" : "BF16",
+                                   shape.name, kRows, shape.n, shape.k),
+                       flop, seconds));
+      }
+    }
+    const Tensor conv_weight = bench.weight(DType::BF16, kConvDim, 4, -0.6f, 0.6f);
+    const Tensor conv_state = bench.activation(kConvDim, 3, -1, 1);
+    for (int64_t tokens : {kRows, int64_t{8192}}) {
+      const Tensor qkvz = bench.activation(tokens, kConvDim + kValueDim, -1, 1);
+      const Tensor conv = bench.activation(tokens, kConvDim, -1, 1);
+      const double seconds = bench.time(
+          [&] { backend->conv1d_silu(conv, qkvz.cols_view(0, kConvDim), conv_state, conv_weight, true); });
+      results.push_back(entry(fmt::format("conv1d_silu T={} C={} K=4", tokens, kConvDim),
+                              8.0 * static_cast<double>(tokens * kConvDim), seconds));
+    }
+    const Tensor gate_up = bench.activation(kRows, 2 * kFf, -1, 1);
+    const Tensor act = bench.activation(kRows, kFf, -1, 1);
+    results.push_back(entry(
+        fmt::format("silu_mul [{}, {}]", kRows, kFf), 12.0 * static_cast<double>(kRows * kFf),
+        bench.time([&] { backend->silu_mul(act, gate_up.cols_view(0, kFf), gate_up.cols_view(kFf, kFf)); })));
+    const Tensor residual = bench.activation(kRows, kHidden, -1, 1);
+    const Tensor delta = bench.activation(kRows, kHidden, -1e-3f, 1e-3f);
+    const Tensor normed = bench.activation(kRows, kHidden, -1, 1);
+    const Tensor norm_weight = bench.weight(DType::BF16, 1, kHidden, -0.5f, 0.5f);
+    results.push_back(entry(
+        fmt::format("add_rmsnorm [{}, {}]", kRows, kHidden), 16.0 * static_cast<double>(kRows * kHidden),
+        bench.time([&] { backend->add_rmsnorm(normed, residual, delta, norm_weight, 1e-6f, true); })));
+    const Tensor core = bench.activation(kRows, kValueDim, -1, 1);
+    const Tensor z = bench.activation(kRows, kValueDim, -1, 1);
+    const Tensor gated = bench.activation(kRows, kValueDim, -1, 1);
+    const Tensor gdn_norm_weight = bench.weight(DType::F32, 1, 128, 0.5f, 1.5f);
+    results.push_back(entry(fmt::format("gated_rmsnorm [{}, {}] group 128", kRows, kValueDim),
+                            12.0 * static_cast<double>(kRows * kValueDim), bench.time([&] {
+                              backend->gated_rmsnorm(gated, core, gdn_norm_weight, z, 1e-6f);
+                            })));
+  }
+
   const char* commit = std::getenv("QSPEC_COMMIT");
   const nlohmann::json report{
       {"gpu", properties.name},

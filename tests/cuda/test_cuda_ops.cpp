@@ -17,6 +17,7 @@
 #include "backend/cpu/gated_delta_rule.h"
 #include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
+#include "core/half.h"
 #include "op_check.h"
 
 namespace qspec::cuda_test {
@@ -286,6 +287,85 @@ TEST(CudaOps, LinearW4A16) {
     const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
     check_linear(fmt::format("linear W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)), cpu_weight,
                  gpu_weight, c.rows, rng);
+  }
+}
+
+// The GEMM's x operand (rows_to_bf16 of linear_gemm.cu), bit-exact against round-to-nearest-even on the host:
+// float4 rows (16-byte aligned, columns a multiple of 4) and element-wise ones (odd column counts, a view
+// starting one column in), 1 to 70,000 rows (beyond grid.y's 65,535).
+TEST(CudaOps, RowsToBf16) {
+  std::mt19937 rng(122);
+  auto& b = backends();
+  struct Case {
+    int64_t rows, cols, row_cols, first_col;
+  };
+  for (const Case& c :
+       {Case{1, 2560, 2560, 0}, Case{3, 2561, 2561, 0}, Case{63, 9216, 9216, 0}, Case{65, 1003, 1003, 0},
+        Case{3000, 12, 16, 4}, Case{129, 2560, 2576, 1}, Case{129, 2560, 2576, 16}, Case{70000, 4, 4, 0}}) {
+    const std::vector<float> values = random_floats(rng, c.rows * c.row_cols, -3.0f, 3.0f);
+    const TensorPair x = b.activation(c.rows, c.row_cols, values);
+    const std::unique_ptr<Buffer> out = b.gpu().alloc(DType::BF16, c.rows, c.cols);
+    const size_t count = static_cast<size_t>(c.rows * c.cols);
+    const std::vector<uint16_t> poison(count, 0xFFFF);  // BF16 NaN
+    b.gpu().write(out->tensor(), poison.data());
+    b.gpu().synchronize();
+    ASSERT_EQ(cuda::launch_rows_to_bf16(out->tensor().data, x.gpu().cols_view(c.first_col, c.cols), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    std::vector<uint16_t> bits(count);
+    b.gpu().read(bits.data(), out->tensor());
+    std::vector<float> gpu(count), expected(count);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int64_t col = 0; col < c.cols; ++col) {
+        const auto i = static_cast<size_t>(r * c.cols + col);
+        gpu[i] = bf16_to_f32(bits[i]);
+        expected[i] =
+            bf16_to_f32(f32_to_bf16(values[static_cast<size_t>(r * c.row_cols + c.first_col + col)]));
+      }
+    }
+    expect_close("rows_to_bf16",
+                 fmt::format("rows_to_bf16 [{}, {}] from columns {}.. of rows of {}", c.rows, c.cols,
+                             c.first_col, c.row_cols),
+                 gpu, expected, kExact);
+  }
+}
+
+// The many-row W4A16 linear (cuBLAS on dequantized BF16) at > 128 rows, K not a multiple of 256, groups that
+// split packed words (g12) or are smaller than a word's span (g8): through the backend (the whole weight in
+// one slice) and through a GemmLinear bounded to 1 Mi values (slices of 256 rows, the last one shorter).
+TEST(CudaOps, GemmLinearW4A16Slices) {
+  std::mt19937 rng(123);
+  auto& b = backends();
+  struct Case {
+    int64_t n, k;
+    int group;
+    DType scale_dtype;
+  };
+  cuda::GemmLinear sliced(int64_t{1} << 20);
+  for (const Case& c : {Case{1000, 2592, 12, DType::BF16}, Case{700, 2600, 8, DType::BF16},
+                        Case{2560, 2560, 32, DType::F16}, Case{1030, 4096, 128, DType::BF16}}) {
+    const int64_t groups = (c.k + c.group - 1) / c.group;
+    std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
+    for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
+    const WeightPair packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+    const WeightPair scales =
+        b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
+    const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
+    const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
+    for (int rows : {129, 300}) {
+      const TensorPair x = b.activation(rows, c.k, random_floats(rng, rows * c.k, -1.0f, 1.0f));
+      const std::string label = fmt::format("linear W4A16 g{} {} scales M={} N={} K={}", c.group,
+                                            dtype_label(c.scale_dtype), rows, c.n, c.k);
+      TensorPair out = b.poisoned(rows, c.n);
+      on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
+      compare("linear", label + " (one slice)", out, kGemmLinearTolerance);
+      b.poison(out);
+      b.cpu().linear(out.cpu(), x.cpu(), cpu_weight);
+      b.gpu().synchronize();
+      sliced.run(out.gpu(), x.gpu(), gpu_weight, nullptr);
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      compare("linear", label + " (slices of 256 rows)", out, kGemmLinearTolerance);
+    }
   }
 }
 
@@ -668,6 +748,45 @@ TEST(CudaOps, Conv1dSilu) {
   on_both([&](const Side& s) { s.backend.conv1d_silu(s(x), s(x), s(state), s(weight), true); });
   compare("conv1d_silu", "conv1d_silu in place [16, 8192] out", x, kElementwiseTolerance);
   compare("conv1d_silu", "conv1d_silu in place [16, 8192] state", state, kExact);
+}
+
+// Many tokens (the token-parallel kernel, groups of 8 tokens): T below K - 1 (the new state still holds old
+// state), around a group boundary, and long; channel counts that are not a multiple of the 128-channel block;
+// K = 3, 4, 8; the state advanced or only read; x as the first columns of a wider row (the model's qkvz).
+TEST(CudaOps, Conv1dSiluManyTokens) {
+  std::mt19937 rng(121);
+  auto& b = backends();
+  struct Case {
+    int64_t channels, row_cols;
+    int kernel;
+    std::vector<int> tokens;
+  };
+  const std::vector<Case> cases = {
+      {8192, 12288, 4, {9, 512, 2049}},  // the 4B's conv over the qkv columns of qkvz
+      {1003, 1003, 8, {2, 7, 8, 9, 65}},
+      {1003, 1010, 3, {1, 2, 16, 2049}},
+  };
+  for (const Case& c : cases) {
+    const WeightPair weight =
+        b.weight(DType::BF16, c.channels, c.kernel, random_floats(rng, c.channels * c.kernel, -0.6f, 0.6f));
+    for (int tokens : c.tokens) {
+      for (bool update_state : {true, false}) {
+        TensorPair state = b.activation(c.channels, c.kernel - 1,
+                                        random_floats(rng, c.channels * (c.kernel - 1), -2.0f, 2.0f));
+        const TensorPair x =
+            b.activation(tokens, c.row_cols, random_floats(rng, tokens * c.row_cols, -2.0f, 2.0f));
+        TensorPair out = b.poisoned(tokens, c.channels);
+        on_both([&](const Side& s) {
+          s.backend.conv1d_silu(s(out), s(x).cols_view(0, c.channels), s(state), s(weight), update_state);
+        });
+        const std::string label =
+            fmt::format("conv1d_silu K={} [{}, {}] of rows of {}{}", c.kernel, tokens, c.channels, c.row_cols,
+                        update_state ? "" : " (state read only)");
+        compare("conv1d_silu", label + " out", out, kElementwiseTolerance);
+        compare("conv1d_silu", label + " state", state, kExact);
+      }
+    }
+  }
 }
 
 TEST(CudaOps, GdnGates) {
