@@ -99,7 +99,8 @@ __global__ void conv1d_silu_in_place_kernel(float* out, int64_t out_stride, cons
 bool overlaps(const Tensor& a, const Tensor& b) {
   const auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
   const auto end = [](const Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data) + static_cast<uintptr_t>((t.rows - 1) * t.stride + t.cols) * sizeof(float);
+    return reinterpret_cast<uintptr_t>(t.data) +
+           static_cast<uintptr_t>((t.rows - 1) * t.stride + t.cols) * sizeof(float);
   };
   return begin(a) < end(b) && begin(b) < end(a);
 }
