@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "io/safetensors.h"
@@ -122,6 +124,75 @@ nlohmann::json flop_entry(const std::string& name, double flop, double seconds) 
   return {{"op", name}, {"flop", flop}, {"us", seconds * 1e6}, {"TFLOP_per_s", flop / seconds / 1e12}};
 }
 
+// The tensor-core linear's two knobs (launchers.h, LinearMmaTuning) over the model's W4A16 shapes at 1 and 16
+// rows: the split of K (chunks of 128 k per split) and the grid (resident blocks walking the items, or one
+// block per item). Prints, per shape, the default and the best; records every point.
+void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
+  struct Shape {
+    int64_t n, k;
+  };
+  constexpr int kMatrices = 8;
+  constexpr int64_t kOneBlockPerItem = int64_t{1} << 30;
+  for (const Shape shape : {Shape{18432, 2560}, Shape{12288, 2560}, Shape{2560, 9216}, Shape{2560, 4096}}) {
+    const auto [n, k] = shape;
+    std::vector<LinearWeight> weights;
+    for (int i = 0; i < kMatrices; ++i)
+      weights.push_back({n,
+                         k,
+                         {},
+                         bench.weight(DType::I32, n, k / 8, 0, 0),
+                         bench.weight(DType::BF16, n, k / 32, 0.002f, 0.02f),
+                         32});
+    const int64_t chunks = (k + 127) / 128;
+    for (int64_t rows : {1, 16}) {
+      const Tensor x = bench.activation(rows, k, -1, 1);
+      const Tensor out = bench.activation(rows, n, -1, 1);
+      const cuda::LinearMmaWorkspaceSize most = cuda::linear_mma_workspace_size(rows, n, k, 1);
+      const Tensor partials = bench.activation(static_cast<int64_t>(most.partial_floats / n) + 1, n, 0, 0);
+      const Tensor counters = bench.indices(std::vector<int32_t>(most.counters + 1, 0));
+      const cuda::LinearMmaWorkspace workspace{partials.ptr<float>(), static_cast<unsigned*>(counters.data)};
+      std::string best;
+      double best_seconds = 1e9, default_seconds = 0;
+      for (int64_t per_split :
+           {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, chunks}) {
+        for (int64_t grid : {int64_t{0}, kOneBlockPerItem}) {
+          const cuda::LinearMmaTuning tuning{per_split, grid};
+          // Launched on the default stream (not the backend's), so timed here with device synchronizations.
+          auto run = [&] {
+            for (const LinearWeight& w : weights)
+              cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
+                               "linear_mma sweep");
+          };
+          run();
+          cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep");
+          std::vector<double> trials;
+          for (int trial = 0; trial < kTrials; ++trial) {
+            const auto start = std::chrono::steady_clock::now();
+            for (int rep = 0; rep < kReps; ++rep) run();
+            cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep");
+            trials.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                             (kReps * kMatrices));
+          }
+          std::sort(trials.begin(), trials.end());
+          const double seconds = trials[trials.size() / 2];
+          const std::string name = fmt::format(
+              "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}", rows, n, k,
+              per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "resident" : "items");
+          const double bytes = static_cast<double>(n * k) / 2.0 + static_cast<double>(n * (k / 32)) * 2.0;
+          results.push_back({{"op", name},
+                             {"us", seconds * 1e6},
+                             {"bytes", bytes},
+                             {"fraction_of_4_16_TB_per_s", bytes / seconds / kMeasuredBandwidth}});
+          if (per_split == 0 && grid == 0) default_seconds = seconds;
+          if (seconds < best_seconds) best_seconds = seconds, best = name;
+        }
+      }
+      fmt::print("sweep M={} N={} K={}: default {:.1f} us, best {:.1f} us ({})\n", rows, n, k,
+                 default_seconds * 1e6, best_seconds * 1e6, best);
+    }
+  }
+}
+
 int run(const char* out_path) {
   int device = 0;
   cudaDeviceProp properties{};
@@ -172,6 +243,7 @@ int run(const char* out_path) {
       results.push_back(entry(fmt::format("linear BF16 M={} N={} K={}", rows, kN, kK), bytes, seconds));
     }
   }
+  sweep_linear_mma(bench, results);
   // argmax over the 248,320-wide logits of a decode step (1 row), a draft step (15) and a verify step (16).
   {
     constexpr int64_t kVocab = 248320;

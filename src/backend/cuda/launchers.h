@@ -47,10 +47,18 @@ struct LinearMmaWorkspaceSize {
   size_t partial_floats = 0;
   size_t counters = 0;
 };
+// The kernel's two knobs, for benchmarks and tests (0: the default rule). chunks_per_split (128 k each) sets
+// the split of K, and with it the order of a row's sums; grid_blocks only how many blocks walk the work.
+struct LinearMmaTuning {
+  int64_t chunks_per_split = 0;
+  int64_t grid_blocks = 0;
+};
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
-LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features);
+LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features,
+                                                 int64_t chunks_per_split = 0);
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
-                              const LinearMmaWorkspace& workspace, cudaStream_t stream);
+                              const LinearMmaWorkspace& workspace, cudaStream_t stream,
+                              const LinearMmaTuning& tuning = {});
 
 // linear_gemm.cu: the BF16 operands of the many-row linear (gemm_linear.h). out holds x.rows * x.cols BF16
 // values (contiguous); the dequantized slice holds rows * in_features.

@@ -1,29 +1,33 @@
-// out = x W^T on tensor cores for few rows of x (decode, the 16-row verify): W4A16 (K and group_size
-// multiples of 32) and BF16 weights. The weights are read once per 16 rows of x, so a step of 16 rows costs
-// about what a step of one does.
+// out = x W^T on tensor cores for few rows of x (decode, the 16-row verify, short prefill chunks): W4A16 (K
+// and group_size multiples of 32) and BF16 weights. The weights are read once per call, so a step of 16 rows
+// costs about what a step of one does.
 //
 // mma.sync m16n8k16 (BF16 in, FP32 accumulate, sm_80+): A = 16 output features x 16 k, B = 16 k x 8 rows
-// of x. A warp owns 16 features; lane (g = lane / 4, q = lane % 4) loads features g and g + 8. Per 32-k
-// block of a W4A16 row, lane q loads packed word q (k = 8q .. 8q + 7); the order of k inside one mma is
-// free as long as A and B agree, so the mma takes nibble pairs (i, i + 4) — one shift + mask + or makes
-// two BF16 values 128 + n, one subtraction gives n - 8 exactly — and x in the same pairs. Both mmas of a
-// block lie in one quantization group: the group scale multiplies the block's FP32 sum (exact weights, no
-// rounding of n * scale). BF16 weights are loaded 16 bytes per lane and paired the same way with byte
+// of x. A warp owns 16 features (a tile); lane (g = lane / 4, q = lane % 4) holds features g and g + 8. K is
+// walked in chunks of 128 (four 32-k blocks, one W4A16 g32 group each). Per block lane q needs packed word q
+// (k = 8q .. 8q + 7): the order of k inside one mma is free as long as A and B agree, so the mma takes nibble
+// pairs (i, i + 4) — one shift + mask + or makes two BF16 values 128 + n, one subtraction gives n - 8
+// exactly — and x in the same pairs. Both mmas of a block lie in one quantization group: the group scale
+// multiplies the block's FP32 sum (exact weights, no rounding of n * scale).
+//
+// Loads: the four lanes of a quad read a feature's 64 bytes of a chunk with one 16-byte load each (lane q
+// gets block q's four words) and a 4 x 4 transpose over the quad (two rounds of shuffles) hands lane q word q
+// of every block. BF16 weights are loaded 16 bytes per lane and block and paired the same way with byte
 // permutes.
 //
 // x stays accurate to ~2^-16: each value is split into hi = bf16(x) and lo = bf16(x - hi), and every block
-// is multiplied by both (the products are exact; the sum is FP32). The block of 4 warps stages a tile of
-// 512 k of x in shared memory already split and paired, and walks K tile by tile; each warp takes 4
-// consecutive 32-k blocks of the tile, with the next tile's weights loaded while this one is computed.
-// When 16-feature tiles alone leave the GPU short of warps (out_features 2560 at K 9216), K is also split
-// over blocks; the last block of a tile to finish sums the partials in a fixed order, so results do not
-// depend on timing, nor on how many rows share the call (a row's arithmetic is the same at M = 1 and 16).
-//
-// Prediction (H200, 4.16 TB/s): ~34 warp-instructions per 256 bytes of W4A16 weights, about half of the
-// issue rate that the bandwidth leaves, so [9216, 2560] g32 (13.3 MB) at M = 1..16 should take ~4-5 us.
+// is multiplied by both (the products are exact; the sum is FP32). A block of 4 warps owns 4 x kTiles tiles
+// (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
+// shared memory, already split and paired, a stage of chunks at a time; the next stage's weights are loaded
+// into registers while this one is computed. When the tiles alone leave the GPU short of warps (2560 output
+// features at K 9216), K is split over blocks in a way that depends on N and K only; the last block of a
+// tile group to finish sums the partials in split order, so results depend neither on timing nor on how many
+// rows share the call (a row's arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
@@ -37,13 +41,10 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kTileFeatures = 16;
 constexpr int kTileRows = 16;  // rows of x per pass (two n8 halves)
 constexpr int kBlockK = 32;    // k per block: one W4A16 group slice
-constexpr int kBlocksPerWarp = 4;
-constexpr int kStageBlocks = kWarps * kBlocksPerWarp;            // 16
-constexpr int kStageK = kStageBlocks * kBlockK;                  // 512
-constexpr int kChunksPerRow = kStageK / 8;                       // 8 values of x per 32-byte chunk
-constexpr int kChunkWords = 8;                                   // 4 hi pairs + 4 lo pairs
-constexpr int kStageRowWords = kChunksPerRow * kChunkWords + 4;  // + 16 bytes: rows g and g+1 use other banks
-constexpr int kTargetBlocks = 4 * 132;  // split K until the grid fills the multiprocessors about 4 times
+constexpr int kChunkBlocks = 4;
+constexpr int kChunkK = kChunkBlocks * kBlockK;  // 128: a warp's step along K
+constexpr int kChunkWords = 8;                   // per 8 values of x in the stage: 4 hi pairs + 4 lo pairs
+constexpr int64_t kTargetItems = 8 * 132;  // split K until there are about 8 one-tile-per-warp items per SM
 
 __device__ inline void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                 uint32_t b0, uint32_t b1) {
@@ -51,6 +52,15 @@ __device__ inline void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Streamed once per call: no L1 allocation; L2 keeps them for the other row passes of the same call.
+__device__ inline uint4 load_streaming(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
 
 __device__ inline int64_t min64(int64_t a, int64_t b) {
@@ -78,13 +88,39 @@ __device__ inline uint32_t nibble_pair(uint32_t word) {
   return *reinterpret_cast<const uint32_t*>(&value);
 }
 
+// One round of the quad transpose: lanes q and q ^ kMask swap the words whose index differs from the lane in
+// bit kMask. After the rounds for masks 1 and 2, word j of lane q is the old word q of lane j.
+template <int kMask>
+__device__ inline void quad_exchange(uint32_t (&w)[4], int q) {
+  const bool upper = (q & kMask) != 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if ((j & kMask) != 0) continue;
+    const uint32_t kept_low = w[j], kept_high = w[j | kMask];
+    const uint32_t received = __shfl_xor_sync(0xffffffffu, upper ? kept_low : kept_high, kMask);
+    w[j] = upper ? received : kept_low;
+    w[j | kMask] = upper ? kept_high : received;
+  }
+}
+
+__device__ inline void quad_transpose(uint4& v, int q) {
+  uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  quad_exchange<1>(w, q);
+  quad_exchange<2>(w, q);
+  v = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ inline uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // The A fragments of one 32-k block for features g (low) and g + 8 (high): pair i = k values (i, i + 4) of
 // the lane's 8. mma 0 takes pairs 0 and 1, mma 1 pairs 2 and 3.
 struct BlockFragments {
   uint32_t low[4], high[4];
 };
 
-// Two rows of x (halves) times one block's fragments: the hi and lo parts of x, both mmas.
+// Rows of x (halves of 8) times one block's fragments: the hi and lo parts of x, both mmas.
 template <int kHalves>
 __device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragments& a,
                                       const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
@@ -97,41 +133,95 @@ __device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragm
   }
 }
 
-// W4A16 (compressed-tensors pack-quantized): word q of a 32-k block of features g and g + 8, and their
-// group scales.
+// W4A16 (compressed-tensors pack-quantized): a chunk's four words of features g and g + 8 and their group
+// scales (raw 16-bit values, block u's in half u of the pair).
 template <typename S>
 struct PackedInt4Weights {
   const uint32_t* packed;
   int64_t packed_stride;
   const S* scales;
   int64_t scales_stride;
-  int group_size;
+  uint32_t blocks_per_group;  // group_size / 32
+  int64_t blocks;             // in_features / 32
+  bool vector_scales;         // group 32 with 8-byte aligned scale rows: a chunk's 4 scales in one load
 
-  // 5 blocks per multiprocessor at one row half: a [9216, K] matrix (576 feature tiles) runs in one wave.
-  static constexpr int min_resident_blocks(int halves) { return halves == 1 ? 5 : 4; }
+  __host__ __device__ static constexpr int tiles_per_warp(int halves) { return halves; }
+  __host__ __device__ static constexpr int min_blocks(int halves) { return halves == 1 ? 4 : 3; }
+  __host__ __device__ static constexpr int stage_chunks(int tiles) { return 2 / tiles; }
 
   struct Loaded {
-    uint32_t low, high;
-    S scale_low, scale_high;
+    uint4 low, high;
+    uint2 scale_low, scale_high;
   };
 
-  __device__ Loaded load(int64_t feature_low, int64_t feature_high, int64_t block, int q) const {
-    const int64_t word = block * (kBlockK / 8) + q;
-    const int64_t group = block * kBlockK / group_size;
-    return {__ldcs(packed + feature_low * packed_stride + word),
-            __ldcs(packed + feature_high * packed_stride + word), scales[feature_low * scales_stride + group],
-            scales[feature_high * scales_stride + group]};
+  // Where features g and g + 8 start, computed once per tile.
+  struct Rows {
+    const uint32_t *packed_low, *packed_high;
+    const S *scales_low, *scales_high;
+  };
+
+  __device__ Rows rows(int64_t feature_low, int64_t feature_high) const {
+    return {packed + feature_low * packed_stride, packed + feature_high * packed_stride,
+            scales + feature_low * scales_stride, scales + feature_high * scales_stride};
+  }
+
+  // The group of each block of the chunk: one load per group that starts in it (4 at g32, 1 at g128).
+  __device__ uint2 load_scales(const S* row, int64_t chunk) const {
+    const int64_t block0 = chunk * kChunkBlocks;
+    if (vector_scales && block0 + kChunkBlocks <= blocks)
+      return __ldg(reinterpret_cast<const uint2*>(row + block0));
+    const auto first = static_cast<uint32_t>(block0);  // blocks < 2^31: K < 2^36
+    uint32_t group = first / blocks_per_group, offset = first - group * blocks_per_group;
+    uint32_t raw[kChunkBlocks];
+#pragma unroll
+    for (int u = 0; u < kChunkBlocks; ++u) {
+      if (u > 0 && ++offset == blocks_per_group) offset = 0, ++group;
+      if (block0 + u >= blocks)
+        raw[u] = 0;
+      else if (u == 0 || offset == 0)
+        raw[u] = __ldg(reinterpret_cast<const unsigned short*>(row + group));
+      else
+        raw[u] = raw[u - 1];
+    }
+    return make_uint2(raw[0] | raw[1] << 16, raw[2] | raw[3] << 16);
+  }
+
+  __device__ Loaded load(const Rows& r, int64_t chunk, int q) const {
+    Loaded w{};
+    const int64_t block = chunk * kChunkBlocks + q;
+    if (block < blocks) {
+      const int64_t offset = block * (kBlockK / 8);
+      w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
+      w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
+    }
+    w.scale_low = load_scales(r.scales_low, chunk);
+    w.scale_high = load_scales(r.scales_high, chunk);
+    return w;
+  }
+
+  __device__ static void prepare(Loaded& w, int q) {
+    quad_transpose(w.low, q);
+    quad_transpose(w.high, q);
+  }
+
+  __device__ static float scale_of(const uint2& raw, int u) {
+    const uint32_t bits = ((u < 2 ? raw.x : raw.y) >> (16 * (u % 2))) & 0xFFFFu;
+    if constexpr (std::is_same_v<S, __half>)
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    else
+      return __uint_as_float(bits << 16);
   }
 
   template <int kHalves>
-  __device__ void accumulate(float (&acc)[kHalves][4], const Loaded& w, const uint4 (&x_hi)[kHalves],
-                             const uint4 (&x_lo)[kHalves]) const {
+  __device__ static void accumulate(float (&acc)[kHalves][4], const Loaded& w, int u,
+                                    const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
+    const uint32_t low = word(w.low, u), high = word(w.high, u);
     const BlockFragments a{
-        {nibble_pair<0>(w.low), nibble_pair<1>(w.low), nibble_pair<2>(w.low), nibble_pair<3>(w.low)},
-        {nibble_pair<0>(w.high), nibble_pair<1>(w.high), nibble_pair<2>(w.high), nibble_pair<3>(w.high)}};
+        {nibble_pair<0>(low), nibble_pair<1>(low), nibble_pair<2>(low), nibble_pair<3>(low)},
+        {nibble_pair<0>(high), nibble_pair<1>(high), nibble_pair<2>(high), nibble_pair<3>(high)}};
     float sum[kHalves][4] = {};
     multiply_block<kHalves>(sum, a, x_hi, x_lo);
-    const float scale_low = to_float(w.scale_low), scale_high = to_float(w.scale_high);
+    const float scale_low = scale_of(w.scale_low, u), scale_high = scale_of(w.scale_high, u);
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
       acc[h][0] = fmaf(scale_low, sum[h][0], acc[h][0]);
@@ -142,22 +232,43 @@ struct PackedInt4Weights {
   }
 };
 
-// BF16 weights: 8 values (16 bytes) of a 32-k block per lane and feature.
+// BF16 weights: 8 values (16 bytes) of each 32-k block per lane and feature.
 struct Bf16Weights {
   const uint4* weight;  // rows of in_features / 8 vectors
   int64_t vector_stride;
+  int64_t blocks;
 
-  static constexpr int min_resident_blocks(int) { return 4; }  // 16-byte loads need the registers
+  __host__ __device__ static constexpr int tiles_per_warp(int) { return 1; }
+  __host__ __device__ static constexpr int min_blocks(int) { return 4; }
+  __host__ __device__ static constexpr int stage_chunks(int) { return 1; }
 
   struct Loaded {
-    uint4 low, high;
+    uint4 low[kChunkBlocks], high[kChunkBlocks];
   };
 
-  __device__ Loaded load(int64_t feature_low, int64_t feature_high, int64_t block, int q) const {
-    const int64_t vector = block * (kBlockK / 8) + q;
-    return {__ldcs(weight + feature_low * vector_stride + vector),
-            __ldcs(weight + feature_high * vector_stride + vector)};
+  struct Rows {
+    const uint4 *low, *high;
+  };
+
+  __device__ Rows rows(int64_t feature_low, int64_t feature_high) const {
+    return {weight + feature_low * vector_stride, weight + feature_high * vector_stride};
   }
+
+  __device__ Loaded load(const Rows& r, int64_t chunk, int q) const {
+    Loaded w{};
+#pragma unroll
+    for (int u = 0; u < kChunkBlocks; ++u) {
+      const int64_t block = chunk * kChunkBlocks + u;
+      if (block < blocks) {
+        const int64_t vector = block * (kBlockK / 8) + q;
+        w.low[u] = load_streaming(r.low + vector);
+        w.high[u] = load_streaming(r.high + vector);
+      }
+    }
+    return w;
+  }
+
+  __device__ static void prepare(Loaded&, int) {}
 
   // (v0 v1)(v2 v3)(v4 v5)(v6 v7) -> pairs (v0 v4)(v1 v5)(v2 v6)(v3 v7)
   __device__ static void pairs(const uint4& v, uint32_t (&out)[4]) {
@@ -168,11 +279,11 @@ struct Bf16Weights {
   }
 
   template <int kHalves>
-  __device__ void accumulate(float (&acc)[kHalves][4], const Loaded& w, const uint4 (&x_hi)[kHalves],
-                             const uint4 (&x_lo)[kHalves]) const {
+  __device__ static void accumulate(float (&acc)[kHalves][4], const Loaded& w, int u,
+                                    const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
     BlockFragments a;
-    pairs(w.low, a.low);
-    pairs(w.high, a.high);
+    pairs(w.low[u], a.low);
+    pairs(w.high[u], a.high);
     multiply_block<kHalves>(acc, a, x_hi, x_lo);
   }
 };
@@ -183,16 +294,37 @@ struct MmaArgs {
   const float* x;
   int64_t x_stride;
   int64_t rows, out_features, in_features;
-  int stages_per_split;
+  int passes, splits;  // rows / 16 (rounded up); parts of K
+  int64_t chunks, chunks_per_split;
+  int64_t items;       // tile groups x splits x passes
   float* partials;     // [splits][rows][out_features] when split
-  unsigned* counters;  // one per (feature tile, pass of rows), zero between calls
+  unsigned* counters;  // one per (tile group, pass), zero between calls
 };
 
-// Stages 512 k of x rows [first_row, first_row + rows_here) as (hi, lo) BF16 pairs (i, i + 4) per 8 values.
-template <bool kAlignedX>
+// One block's unit of work: a tile group, one split of K, one pass of 16 rows. Passes vary fastest, so the
+// blocks that read the same weights run together and share them through L2.
+struct MmaItem {
+  int pass, split;
+  int64_t group, first_chunk, end_chunk;
+};
+
+__device__ inline MmaItem mma_item(const MmaArgs& a, int64_t item) {
+  MmaItem i;
+  i.pass = static_cast<int>(item % a.passes);
+  i.split = static_cast<int>(item / a.passes % a.splits);
+  i.group = item / a.passes / a.splits;
+  i.first_chunk = i.split * a.chunks_per_split;
+  i.end_chunk = min64(a.chunks, i.first_chunk + a.chunks_per_split);
+  return i;
+}
+
+// Stages kStageK values of x rows [first_row, first_row + rows_here) from k0 as (hi, lo) BF16 pairs (i, i +
+// 4) per 8 values.
+template <bool kAlignedX, int kStageK, int kRowWords>
 __device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, int rows_here, int64_t k0) {
-  for (int i = static_cast<int>(threadIdx.x); i < rows_here * kChunksPerRow; i += kThreads) {
-    const int r = i / kChunksPerRow, c = i % kChunksPerRow;
+  constexpr int kGroups = kStageK / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < rows_here * kGroups; i += kThreads) {
+    const int r = i / kGroups, c = i % kGroups;
     const int64_t k = k0 + 8 * c;
     float v[8];
     if (k < a.in_features) {
@@ -209,7 +341,7 @@ __device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, 
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = 0.0f;
     }
-    uint32_t* chunk = x_stage + r * kStageRowWords + c * kChunkWords;
+    uint32_t* chunk = x_stage + r * kRowWords + c * kChunkWords;
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
@@ -221,130 +353,219 @@ __device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, 
   }
 }
 
-template <typename Weights, int kHalves, bool kAlignedX>
-__global__ void __launch_bounds__(kThreads, Weights::min_resident_blocks(kHalves))
-    linear_mma_kernel(MmaArgs a, Weights weights) {
-  __shared__ uint4 x_stage_storage[kHalves * 8 * kStageRowWords / 4];
-  __shared__ float reduce[kWarps][kHalves][4][kWarpSize];
-  __shared__ bool last_block;
-  uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_stage_storage);
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int g = lane / 4, q = lane % 4;
-  const int64_t first_feature = static_cast<int64_t>(blockIdx.x) * kTileFeatures;
-  // Features past the end read the last one; their sums are not written.
-  const int64_t feature_low = min64(first_feature + g, a.out_features - 1);
-  const int64_t feature_high = min64(first_feature + g + 8, a.out_features - 1);
-  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kTileRows;
+// Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2); with K
+// split, the last block of the tile group to finish adds the splits' partials in split order.
+template <int kTiles, int kHalves, int kGroupFeatures>
+__device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (&acc)[kTiles][kHalves][4],
+                            const int64_t (&first_feature)[kTiles], int g, int q, bool* last_block) {
+  const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
   const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
-  const int64_t blocks = a.in_features / kBlockK;
-  const int64_t first_stage = static_cast<int64_t>(blockIdx.z) * a.stages_per_split;
-  const int64_t end_block = min64(blocks, (first_stage + a.stages_per_split) * kStageBlocks);
-
-  using Loaded = typename Weights::Loaded;
-  Loaded current[kBlocksPerWarp] = {}, next[kBlocksPerWarp] = {};
-  auto load_stage = [&](int64_t stage, Loaded(&into)[kBlocksPerWarp]) {
+  const bool split_k = a.splits > 1;
+  float* target = split_k ? a.partials + static_cast<int64_t>(item.split) * a.rows * a.out_features : a.out;
+  const int64_t target_stride = split_k ? a.out_features : a.out_stride;
 #pragma unroll
-    for (int u = 0; u < kBlocksPerWarp; ++u) {
-      const int64_t block = stage * kStageBlocks + warp * kBlocksPerWarp + u;
-      if (block < end_block) into[u] = weights.load(feature_low, feature_high, block, q);
-    }
-  };
-  float acc[kHalves][4] = {};
-  load_stage(first_stage, current);
-  for (int64_t stage = first_stage; stage * kStageBlocks < end_block; ++stage) {
-    if ((stage + 1) * kStageBlocks < end_block) load_stage(stage + 1, next);
-    __syncthreads();  // the previous stage's x is consumed
-    stage_x<kAlignedX>(x_stage, a, first_row, rows_here, stage * kStageK);
-    __syncthreads();
+  for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-    for (int u = 0; u < kBlocksPerWarp; ++u) {
-      const int local_block = warp * kBlocksPerWarp + u;
-      if (stage * kStageBlocks + local_block < end_block) {
-        uint4 x_hi[kHalves], x_lo[kHalves];
+    for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          const int r = h * 8 + g;
-          if (r < rows_here) {
-            const uint4* chunk = reinterpret_cast<const uint4*>(x_stage + r * kStageRowWords +
-                                                                (local_block * 4 + q) * kChunkWords);
-            x_hi[h] = chunk[0];
-            x_lo[h] = chunk[1];
-          } else {
-            x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
-          }
-        }
-        weights.template accumulate<kHalves>(acc, current[u], x_hi, x_lo);
+      for (int i = 0; i < 4; ++i) {
+        const int64_t feature = first_feature[t] + g + 8 * (i / 2);
+        const int r = 8 * h + 2 * q + i % 2;
+        if (feature < a.out_features && r < rows_here)
+          target[(first_row + r) * target_stride + feature] = acc[t][h][i];
       }
-    }
-#pragma unroll
-    for (int u = 0; u < kBlocksPerWarp; ++u) current[u] = next[u];
-  }
+  if (!split_k) return;
 
-  // Sum the warps' partial tiles in a fixed order. acc[h][i]: feature g + 8 (i / 2), row 8h + 2q + i % 2.
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) reduce[warp][h][i][lane] = acc[h][i];
-  __syncthreads();
-  const bool split = gridDim.z > 1;
-  float* target = split ? a.partials + static_cast<int64_t>(blockIdx.z) * a.rows * a.out_features : a.out;
-  const int64_t target_stride = split ? a.out_features : a.out_stride;
-  for (int e = static_cast<int>(threadIdx.x); e < kHalves * 4 * kWarpSize; e += kThreads) {
-    const int h = e / (4 * kWarpSize), i = (e / kWarpSize) % 4, l = e % kWarpSize;
-    const int64_t feature = first_feature + l / 4 + 8 * (i / 2);
-    const int r = 8 * h + 2 * (l % 4) + i % 2;
-    if (feature < a.out_features && r < rows_here) {
-      float total = 0.0f;
-      for (int w = 0; w < kWarps; ++w) total += reduce[w][h][i][l];
-      target[(first_row + r) * target_stride + feature] = total;
-    }
-  }
-  if (!split) return;
-
-  // Split K: the last block of this tile to finish adds the splits' partials in split order.
   __threadfence();  // this block's partials are visible to the block that sums them
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned* counter = a.counters + blockIdx.y * gridDim.x + blockIdx.x;
-    last_block = atomicAdd(counter, 1u) == gridDim.z - 1;
-    if (last_block) *counter = 0;  // ready for the next call (and the next replay of a step graph)
+    unsigned* counter = a.counters + item.group * a.passes + item.pass;
+    *last_block = atomicAdd(counter, 1u) == static_cast<unsigned>(a.splits - 1);
+    if (*last_block) *counter = 0;  // ready for the next call (and the next replay of a step graph)
   }
   __syncthreads();
-  if (!last_block) return;
+  if (!*last_block) return;
   __threadfence();
-  for (int e = static_cast<int>(threadIdx.x); e < kTileFeatures * rows_here; e += kThreads) {
-    const int64_t feature = first_feature + e % kTileFeatures;
-    const int64_t row = first_row + e / kTileFeatures;
+  for (int e = static_cast<int>(threadIdx.x); e < kGroupFeatures * rows_here; e += kThreads) {
+    const int64_t feature = item.group * kGroupFeatures + e % kGroupFeatures;
+    const int64_t row = first_row + e / kGroupFeatures;
     if (feature < a.out_features) {
       float total = 0.0f;
-      for (unsigned s = 0; s < gridDim.z; ++s)
+      for (int s = 0; s < a.splits; ++s)
         total += __ldcg(a.partials + (static_cast<int64_t>(s) * a.rows + row) * a.out_features + feature);
       a.out[row * a.out_stride + feature] = total;
     }
   }
 }
 
-struct MmaGrid {
-  int64_t feature_tiles, row_passes, stages, splits, stages_per_split;
+// A block walks items blockIdx.x, blockIdx.x + gridDim.x, ... as one stream of stages: the next stage's
+// weights (of this item or the next) are loaded while this one is computed.
+template <typename Weights, int kHalves, bool kAlignedX>
+__global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
+    linear_mma_kernel(MmaArgs a, Weights weights) {
+  constexpr int kTiles = Weights::tiles_per_warp(kHalves);
+  constexpr int kStageChunks = Weights::stage_chunks(kTiles);
+  constexpr int kStageK = kStageChunks * kChunkK;
+  constexpr int kRowWords = kStageK + 4;  // one word per value; + 16 bytes: rows g and g + 1 use other banks
+  constexpr int kGroupFeatures = kWarps * kTiles * kTileFeatures;
+  __shared__ uint4 x_stage_storage[kHalves * 8 * kRowWords / 4];
+  __shared__ bool last_block;
+  uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_stage_storage);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int g = lane / 4, q = lane % 4;
+
+  using Loaded = typename Weights::Loaded;
+  using Rows = typename Weights::Rows;
+  // Features past the end read the last one; their sums are not written.
+  auto first_feature_of = [&](int64_t group, int t) {
+    return group * kGroupFeatures + (warp * kTiles + t) * kTileFeatures;
+  };
+  auto rows_of = [&](int64_t group, int t) {
+    const int64_t first = first_feature_of(group, t);
+    return weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
+  };
+  auto load_stage = [&](int64_t group, int64_t stage, int64_t end_chunk,
+                        Loaded(&into)[kStageChunks][kTiles]) {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const Rows rows = rows_of(group, t);
+#pragma unroll
+      for (int c = 0; c < kStageChunks; ++c)
+        if (stage + c < end_chunk) into[c][t] = weights.load(rows, stage + c, q);
+    }
+  };
+
+  int64_t item_index = blockIdx.x;
+  MmaItem item = mma_item(a, item_index);
+  int64_t stage = item.first_chunk;
+  Loaded current[kStageChunks][kTiles] = {}, next[kStageChunks][kTiles] = {};
+  load_stage(item.group, stage, item.end_chunk, current);
+  float acc[kTiles][kHalves][4] = {};
+  for (;;) {
+    int64_t next_index = item_index, next_stage = stage + kStageChunks;
+    MmaItem next_item = item;
+    if (next_stage >= item.end_chunk) {
+      next_index += gridDim.x;
+      if (next_index < a.items) {
+        next_item = mma_item(a, next_index);
+        next_stage = next_item.first_chunk;
+      }
+    }
+    const bool has_next = next_index < a.items;
+    if (has_next) load_stage(next_item.group, next_stage, next_item.end_chunk, next);
+
+    const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
+    const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
+    __syncthreads();  // the previous stage's x is consumed
+    stage_x<kAlignedX, kStageK, kRowWords>(x_stage, a, first_row, rows_here, stage * kChunkK);
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kStageChunks; ++c) {
+      if (stage + c >= item.end_chunk) break;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) Weights::prepare(current[c][t], q);
+#pragma unroll
+      for (int u = 0; u < kChunkBlocks; ++u) {
+        uint4 x_hi[kHalves], x_lo[kHalves];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          const int r = h * 8 + g;
+          if (r < rows_here) {
+            const uint4* chunk = reinterpret_cast<const uint4*>(
+                x_stage + r * kRowWords + ((c * kChunkBlocks + u) * 4 + q) * kChunkWords);
+            x_hi[h] = chunk[0];
+            x_lo[h] = chunk[1];
+          } else {
+            x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t)
+          Weights::template accumulate<kHalves>(acc[t], current[c][t], u, x_hi, x_lo);
+      }
+    }
+
+    if (next_index != item_index) {
+      int64_t first_feature[kTiles];
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) first_feature[t] = first_feature_of(item.group, t);
+      finish_item<kTiles, kHalves, kGroupFeatures>(a, item, acc, first_feature, g, q, &last_block);
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.0f;
+    }
+    if (!has_next) break;
+    item_index = next_index;
+    item = next_item;
+    stage = next_stage;
+#pragma unroll
+    for (int c = 0; c < kStageChunks; ++c)
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) current[c][t] = next[c][t];
+  }
+}
+
+// The split of K depends on N and K only (not on the rows, the weight type or the tuning of the grid), so a
+// row's sums are added in the same order at any batch.
+struct MmaSplit {
+  int64_t chunks, chunks_per_split, splits;
 };
 
-MmaGrid mma_grid(int64_t rows, int64_t out_features, int64_t in_features) {
-  MmaGrid grid;
-  grid.feature_tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
-  grid.row_passes = (rows + kTileRows - 1) / kTileRows;
-  grid.stages = (in_features + kStageK - 1) / kStageK;
-  const int64_t tiles = grid.feature_tiles * grid.row_passes;
-  const int64_t wanted = (kTargetBlocks + tiles - 1) / tiles;
-  grid.stages_per_split = (grid.stages + wanted - 1) / wanted;
-  grid.splits = (grid.stages + grid.stages_per_split - 1) / grid.stages_per_split;
-  return grid;
+MmaSplit mma_split(int64_t out_features, int64_t in_features, int64_t chunks_per_split) {
+  MmaSplit split;
+  split.chunks = (in_features + kChunkK - 1) / kChunkK;
+  if (chunks_per_split <= 0) {
+    const int64_t groups = (out_features + kWarps * kTileFeatures - 1) / (kWarps * kTileFeatures);
+    const int64_t wanted = (kTargetItems + groups - 1) / groups;
+    chunks_per_split = (split.chunks + wanted - 1) / wanted;
+  }
+  split.chunks_per_split = chunks_per_split < split.chunks ? chunks_per_split : split.chunks;
+  split.splits = (split.chunks + split.chunks_per_split - 1) / split.chunks_per_split;
+  return split;
+}
+
+int64_t row_passes(int64_t rows) {
+  return (rows + kTileRows - 1) / kTileRows;
+}
+
+// Blocks that fit on the GPU at once (per kernel instance, asked once).
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  static const int64_t blocks = [kernel] {
+    int device = 0, multiprocessors = 0, per_multiprocessor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads, 0) !=
+            cudaSuccess)
+      return int64_t{0};
+    return static_cast<int64_t>(multiprocessors) * per_multiprocessor;
+  }();
+  return blocks;
+}
+
+template <typename Weights, int kHalves, bool kAlignedX>
+cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const LinearMmaTuning& tuning,
+                              cudaStream_t stream) {
+  const auto kernel = linear_mma_kernel<Weights, kHalves, kAlignedX>;
+  int64_t blocks = tuning.grid_blocks > 0 ? tuning.grid_blocks : resident_blocks(kernel);
+  if (blocks <= 0) return cudaErrorInvalidConfiguration;
+  if (blocks > args.items) blocks = args.items;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, weights);
+  return cudaGetLastError();
 }
 
 template <typename Weights, int kHalves>
 cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
-                       const Weights& weights, const LinearMmaWorkspace& workspace, cudaStream_t stream) {
-  const MmaGrid grid = mma_grid(x.rows, out_features, in_features);
+                       const Weights& weights, const LinearMmaWorkspace& workspace,
+                       const LinearMmaTuning& tuning, cudaStream_t stream) {
+  const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
+  constexpr int64_t kGroupFeatures = kWarps * Weights::tiles_per_warp(kHalves) * kTileFeatures;
+  const int64_t groups = (out_features + kGroupFeatures - 1) / kGroupFeatures;
+  const int64_t passes = row_passes(x.rows);
   const MmaArgs args{out.ptr<float>(),
                      out.stride,
                      x.ptr<const float>(),
@@ -352,60 +573,82 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      x.rows,
                      out_features,
                      in_features,
-                     static_cast<int>(grid.stages_per_split),
+                     static_cast<int>(passes),
+                     static_cast<int>(split.splits),
+                     split.chunks,
+                     split.chunks_per_split,
+                     groups * split.splits * passes,
                      workspace.partials,
                      workspace.counters};
-  const dim3 blocks(static_cast<unsigned>(grid.feature_tiles), static_cast<unsigned>(grid.row_passes),
-                    static_cast<unsigned>(grid.splits));
   const bool aligned_x = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && (x.rows <= 1 || x.stride % 4 == 0);
-  if (aligned_x)
-    linear_mma_kernel<Weights, kHalves, true><<<blocks, kThreads, 0, stream>>>(args, weights);
-  else
-    linear_mma_kernel<Weights, kHalves, false><<<blocks, kThreads, 0, stream>>>(args, weights);
-  return cudaGetLastError();
+  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true>(args, weights, tuning, stream);
+  return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
 }
 
 template <typename Weights>
 cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                             const Weights& weights, const LinearMmaWorkspace& workspace,
-                            cudaStream_t stream) {
+                            const LinearMmaTuning& tuning, cudaStream_t stream) {
   if (x.rows <= 8)
-    return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, stream);
-  return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, stream);
+    return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
+  return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+bool aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
 }  // namespace
 
-LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features) {
-  const MmaGrid grid = mma_grid(rows, out_features, in_features);
-  if (grid.splits == 1) return {};
-  return {static_cast<size_t>(grid.splits * rows * out_features),
-          static_cast<size_t>(grid.feature_tiles * grid.row_passes)};
+LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features,
+                                                 int64_t chunks_per_split) {
+  const MmaSplit split = mma_split(out_features, in_features, chunks_per_split);
+  if (split.splits == 1) return {};
+  // Counters for the smallest tile groups (one tile per warp).
+  const int64_t groups = (out_features + kWarps * kTileFeatures - 1) / (kWarps * kTileFeatures);
+  return {static_cast<size_t>(split.splits * rows * out_features),
+          static_cast<size_t>(groups * row_passes(rows))};
 }
 
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
-  if (x.rows == 0 || x.rows > kLinearMmaMaxRows) return false;
-  if (w.quantized()) return w.in_features % kBlockK == 0 && w.group_size % kBlockK == 0;
-  return w.weight.dtype == DType::BF16 && w.in_features % kBlockK == 0 && aligned16(w.weight.data) &&
+  if (x.rows == 0 || x.rows > kLinearMmaMaxRows || w.in_features % kBlockK != 0) return false;
+  if (w.quantized())
+    return w.group_size % kBlockK == 0 && (w.scales.dtype == DType::BF16 || w.scales.dtype == DType::F16) &&
+           aligned(w.packed.data, 16) && (w.packed.rows <= 1 || w.packed.stride % 4 == 0);
+  return w.weight.dtype == DType::BF16 && aligned(w.weight.data, 16) &&
          (w.weight.rows <= 1 || w.weight.stride % 8 == 0);
 }
 
+namespace {
+
+template <typename S>
+cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
+                               const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
+                               cudaStream_t stream) {
+  const bool vector_scales = w.group_size == kBlockK && aligned(w.scales.data, 8) &&
+                             (w.scales.rows <= 1 || w.scales.stride % 4 == 0);
+  const PackedInt4Weights<S> weights{w.packed.ptr<const uint32_t>(),
+                                     w.packed.stride,
+                                     w.scales.ptr<const S>(),
+                                     w.scales.stride,
+                                     static_cast<uint32_t>(w.group_size / kBlockK),
+                                     w.in_features / kBlockK,
+                                     vector_scales};
+  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
+}
+
+}  // namespace
+
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
-                              const LinearMmaWorkspace& workspace, cudaStream_t stream) {
+                              const LinearMmaWorkspace& workspace, cudaStream_t stream,
+                              const LinearMmaTuning& tuning) {
   if (w.quantized()) {
-    return with_weight_type(w.scales.dtype, [&](auto type) {
-      using S = decltype(type);
-      const PackedInt4Weights<S> weights{w.packed.ptr<const uint32_t>(), w.packed.stride,
-                                         w.scales.ptr<const S>(), w.scales.stride, w.group_size};
-      return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, stream);
-    });
+    if (w.scales.dtype == DType::BF16)
+      return launch_packed_int4<__nv_bfloat16>(out, x, w, workspace, tuning, stream);
+    return launch_packed_int4<__half>(out, x, w, workspace, tuning, stream);
   }
-  const Bf16Weights weights{w.weight.ptr<const uint4>(), w.weight.stride / 8};
-  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, stream);
+  const Bf16Weights weights{w.weight.ptr<const uint4>(), w.weight.stride / 8, w.in_features / kBlockK};
+  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
 }
 
 }  // namespace qspec::cuda
