@@ -16,8 +16,10 @@
 //    [dk, 32] slab of S in mma accumulators, per chunk X = [W; Q'] S (128 x 32 x dk), out = U' + X_Q',
 //    v_new = U - X_W, S = e^(G_last) S + K~^T v_new (dk x 32 x 64); the next chunk's W;Q' and U;U' are
 //    copied into shared memory (cp.async) during the state update.
-// Every product that feeds the state or the output runs as 3xTF32 (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi =
-// tf32(x), lo = tf32(x - hi): ~2^-21 relative per product, fp32-like), accumulated in fp32. Head dims are
+// The prepare kernel's products run as 3xTF32 (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi = tf32(x), lo = tf32(x -
+// hi): ~2^-21 relative per product), the state pass's as split BF16 (the same three products of hi = bf16(x),
+// lo = bf16(x - hi) on m16n8k16: ~2^-17, half the mma instructions; its A operands W;Q' and K~^T are split
+// once, by the prepare kernel), all accumulated in fp32. Head dims are
 // padded with zeros to D = 32, 64 or 128 (a template parameter); rows past the sequence are zeros, as in HF.
 //
 // Prediction (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128), per layer: prepare ~17 MFLOP of 3xTF32
@@ -29,6 +31,8 @@
 // pipe ~40% busy). Max relative error against the CPU's chunked form <= 8e-7.
 #include <cmath>
 #include <cstdint>
+
+#include <cuda_bf16.h>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
@@ -111,13 +115,64 @@ __device__ inline FragmentA load_a(const float* tile, int ld, int m0, int k0, in
   return split_a(p[0], p[8 * ld], p[4], p[8 * ld + 4]);
 }
 
+// ---- split-BF16 mma.sync m16n8k16 (sm_80+), the state pass's products: x = hi + lo, hi = bf16(x), lo =
+// bf16(x - hi) (x - hi - lo ~ 2^-17 x); a product is hi*hi + hi*lo + lo*hi in fp32, half the mma
+// instructions of 3xTF32. Inside each 16-wide k tile the k order is permuted: a register pair holds k = p
+// and p + 8 (p = t for A registers 0, 1 and b0; p = t + 4 for A registers 2, 3 and b1). An accumulator
+// lane's rows g and g + 8 then form one B pair, so S and v_new go to shared memory packed, without shuffles.
+// A (16 x 16): reg0 = A[g][t], A[g][t+8]; reg1 = A[g+8][t], A[g+8][t+8]; reg2 = A[g][t+4], A[g][t+12];
+// reg3 = A[g+8][t+4], A[g+8][t+12]. B (16 x 8): b0 = B[t][g], B[t+8][g]; b1 = B[t+4][g], B[t+12][g].
+// A matrix is stored pre-split by the prepare kernel: tile (m16, k16) = mt * (K / 16) + kt holds the 32
+// lanes' hi registers (one uint4 each), then their lo registers.
+
+// (low, high) -> the hi pair and the lo pair, low in the low half.
+__device__ inline void split_bf16_pair(float low, float high, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 rounded = __floats2bfloat162_rn(low, high);
+  const float2 back = __bfloat1622float2(rounded);
+  const __nv_bfloat162 rest = __floats2bfloat162_rn(low - back.x, high - back.y);
+  hi = *reinterpret_cast<const uint32_t*>(&rounded);
+  lo = *reinterpret_cast<const uint32_t*>(&rest);
+}
+
+__device__ inline void mma_bf16(float (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+// d += a b with the hi * hi products in `main` and the two corrections in `correction` (shorter chains).
+__device__ inline void mma_split_bf16(float (&main)[4], float (&correction)[4], const uint4& a_hi,
+                                      const uint4& a_lo, uint32_t b_hi0, uint32_t b_hi1, uint32_t b_lo0,
+                                      uint32_t b_lo1) {
+  mma_bf16(correction, a_lo, b_hi0, b_hi1);
+  mma_bf16(correction, a_hi, b_lo0, b_lo1);
+  mma_bf16(main, a_hi, b_hi0, b_hi1);
+}
+
+// Stores the [M, K] matrix element(m, k) as pre-split A fragments (layout above).
+template <int M, int K, class Element>
+__device__ inline void store_split_fragments(uint4* destination, const Element& element, int tid,
+                                             int threads) {
+  for (int index = tid; index < (M / 16) * (K / 16) * kWarpSize; index += threads) {
+    const int tile = index / kWarpSize, l = index % kWarpSize;
+    const int m = (tile / (K / 16)) * 16 + l / 4, k = (tile % (K / 16)) * 16 + l % 4;
+    uint4 hi, lo;
+    split_bf16_pair(element(m, k), element(m, k + 8), hi.x, lo.x);
+    split_bf16_pair(element(m + 8, k), element(m + 8, k + 8), hi.y, lo.y);
+    split_bf16_pair(element(m, k + 4), element(m, k + 12), hi.z, lo.z);
+    split_bf16_pair(element(m + 8, k + 4), element(m + 8, k + 12), hi.w, lo.w);
+    destination[2 * tile * kWarpSize + l] = hi;
+    destination[(2 * tile + 1) * kWarpSize + l] = lo;
+  }
+}
+
 // The workspace of one segment. Record r = head * chunks + chunk holds:
-//   wq     [2C, D] in A-fragment order: rows 0..C-1 = W, rows C..2C-1 = Q'
-//   k_t    [D, C]  in A-fragment order: (k e^(G_last - G))^T
-//   uu     [2C, D] row-major: rows 0..C-1 = U, rows C..2C-1 = U'
+//   wq     [2C, D] as pre-split BF16 A fragments (store_split_fragments): rows 0..C-1 = W, rows C..2C-1 = Q'
+//   k_t    [D, C]  as pre-split BF16 A fragments: (k e^(G_last - G))^T
+//   uu     [2C, D] row-major fp32: rows 0..C-1 = U, rows C..2C-1 = U'
 //   g_last [1]
-// A-fragment order of an [M, K] matrix: tile (m16, k8) = mt * (K / 8) + kt, then lane, then the 4 values
-// (a0..a3) of that lane: one float4 per lane and tile.
+// A split fragment tile takes as many 32-bit words as the fp32 tile.
 struct ChunkWorkspace {
   float* wq;
   float* k_t;
@@ -285,14 +340,9 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   // __syncwarp), then the blocks below by their distance d from the diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik
   // T_kj. Blocks above the diagonal are never read.
   {
-    float4* k_t = reinterpret_cast<float4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk);
-    for (int index = tid; index < (D / 16) * (kChunk / 8) * kWarpSize; index += kPrepareThreads) {
-      const int tile = index / kWarpSize, l = index % kWarpSize;
-      const int i = (tile / (kChunk / 8)) * 16 + l / 4, t = (tile % (kChunk / 8)) * 8 + l % 4;
-      k_t[index] =
-          make_float4(key[t * ld + i] * key_decay[t], key[t * ld + i + 8] * key_decay[t],
-                      key[(t + 4) * ld + i] * key_decay[t + 4], key[(t + 4) * ld + i + 8] * key_decay[t + 4]);
-    }
+    store_split_fragments<D, kChunk>(
+        reinterpret_cast<uint4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk),
+        [&](int i, int t) { return key[t * ld + i] * key_decay[t]; }, tid, kPrepareThreads);
     if (tid < 4 * kChunk) {  // whole warps
       const int column = tid / 4, part = tid % 4, block_first = column / kBlock * kBlock;
       if (part == 0)
@@ -420,41 +470,31 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
 
   // 6. [W; Q'] to the workspace in fragment order; G_last.
   {
-    float4* wq = reinterpret_cast<float4*>(ws.wq + static_cast<size_t>(record) * 2 * kChunk * D);
-    for (int index = tid; index < (2 * kChunk / 16) * (D / 8) * kWarpSize; index += kPrepareThreads) {
-      const int tile = index / kWarpSize, l = index % kWarpSize;
-      const int r = (tile / (D / 8)) * 16 + l / 4, c = (tile % (D / 8)) * 8 + l % 4;
-      const float* p = r < kChunk ? key + r * ld + c : query + (r - kChunk) * ld + c;
-      wq[index] = make_float4(p[0], p[8 * ld], p[4], p[8 * ld + 4]);
-    }
+    store_split_fragments<2 * kChunk, D>(
+        reinterpret_cast<uint4*>(ws.wq + static_cast<size_t>(record) * 2 * kChunk * D),
+        [&](int r, int c) { return r < kChunk ? key[r * ld + c] : query[(r - kChunk) * ld + c]; }, tid,
+        kPrepareThreads);
     if (tid == 0) ws.g_last[record] = cumulative_g[kChunk - 1];
   }
 }
 
-// The state pass's shared memory: S and v_new split for the mma B operand, and the chunk's [W; Q'] fragments
-// and U;U' slab, copied in (cp.async) while the previous chunk's state update runs.
+// The state pass's shared memory: S and v_new split into BF16 pairs for the mma B operand (row pair p of a
+// 16-row tile holds rows p and p + 8), and the chunk's [W; Q'] fragments and U;U' slab, copied in (cp.async)
+// while the previous chunk's state update runs.
 template <int D>
 struct StateLayout {
-  static constexpr int kStateHi = 0;
-  static constexpr int kStateLo = kStateHi + D * kSplitLd;
-  static constexpr int kNewValueHi = kStateLo + D * kSplitLd;
-  static constexpr int kNewValueLo = kNewValueHi + kChunk * kSplitLd;
-  static constexpr int kWq = kNewValueLo + kChunk * kSplitLd;  // [2C, D] in fragment order
-  static constexpr int kUu = kWq + 2 * kChunk * D;             // [2C, kSplitLd]: the slab's columns of U;U'
+  static constexpr int kStateHi = 0;  // [D / 2, kSplitLd]
+  static constexpr int kStateLo = kStateHi + D / 2 * kSplitLd;
+  static constexpr int kNewValueHi = kStateLo + D / 2 * kSplitLd;  // [C / 2, kSplitLd]
+  static constexpr int kNewValueLo = kNewValueHi + kChunk / 2 * kSplitLd;
+  static constexpr int kWq = kNewValueLo + kChunk / 2 * kSplitLd;  // [2C, D] as split fragments
+  static constexpr int kUu = kWq + 2 * kChunk * D;  // [2C, kSplitLd]: the slab's columns of U;U'
   static constexpr int kWords = kUu + 2 * kChunk * kSplitLd;
 };
 
 __device__ inline void copy_async_16(void* shared_destination, const void* global_source) {
   const auto destination = static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global_source));
-}
-
-// d += a b with the hi * hi products in `main` and the two corrections in `correction` (shorter chains).
-__device__ inline void mma_3xtf32(float (&main)[4], float (&correction)[4], const FragmentA& a,
-                                  const FragmentB& b) {
-  mma_tf32(correction, a.lo, b.hi);
-  mma_tf32(correction, a.hi, b.lo);
-  mma_tf32(main, a.hi, b.hi);
 }
 
 // One (value head, slab of 32 state columns): the slab of S through all chunks of a segment.
@@ -464,7 +504,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                            float* state_out, int64_t state_out_stride, int64_t tokens, int dk, int dv,
                            ChunkWorkspace ws) {
   using L = StateLayout<D>;
-  constexpr int kKeyTiles = D / 8;            // k8 steps of X = [W; Q'] S
+  constexpr int kKeyTiles = D / 16;           // k16 steps of X = [W; Q'] S
+  constexpr int kTokenTiles = kChunk / 16;    // k16 steps of the state update
   constexpr int kStateWarps = D / 16;         // warps owning 16 rows of S
   extern __shared__ uint32_t state_shared[];  // StateLayout<D>::kWords
   uint32_t* state_hi = state_shared + L::kStateHi;
@@ -509,69 +550,83 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const size_t record = static_cast<size_t>(head) * chunks + chunk;
+    // S as B pairs: this lane's rows gq and gq + 8 of columns 8 nt + 2 tq (+1).
     if (owns_state) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * warp + gq + 8 * (e / 2), c = 8 * nt + 2 * tq + e % 2;
-          const Split split = split_tf32(s[nt][e]);
-          state_hi[i * kSplitLd + c] = split.hi;
-          state_lo[i * kSplitLd + c] = split.lo;
-        }
+      for (int nt = 0; nt < 4; ++nt) {
+        uint2 hi, lo;
+        split_bf16_pair(s[nt][0], s[nt][2], hi.x, lo.x);
+        split_bf16_pair(s[nt][1], s[nt][3], hi.y, lo.y);
+        const int word = (8 * warp + gq) * kSplitLd + 8 * nt + 2 * tq;
+        *reinterpret_cast<uint2*>(state_hi + word) = hi;
+        *reinterpret_cast<uint2*>(state_lo + word) = lo;
+      }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
 
     // The state update's operands, loaded while X is computed.
-    float4 kt_fragments[kChunk / 8];
+    uint4 kt_hi[kTokenTiles], kt_lo[kTokenTiles];
     float g_last = 0.0f;
     if (owns_state) {
-      const float4* k_t = reinterpret_cast<const float4*>(ws.k_t + record * D * kChunk);
+      const uint4* k_t = reinterpret_cast<const uint4*>(ws.k_t + record * D * kChunk);
 #pragma unroll
-      for (int kt = 0; kt < kChunk / 8; ++kt)
-        kt_fragments[kt] = __ldg(k_t + (warp * (kChunk / 8) + kt) * kWarpSize + lane);
+      for (int kt = 0; kt < kTokenTiles; ++kt) {
+        const int tile = warp * kTokenTiles + kt;
+        kt_hi[kt] = __ldg(k_t + 2 * tile * kWarpSize + lane);
+        kt_lo[kt] = __ldg(k_t + (2 * tile + 1) * kWarpSize + lane);
+      }
       g_last = __ldg(ws.g_last + record);
     }
 
     // X = [W; Q'] S for rows 16 warp.. (128 x 32 x D).
     float x[4][4] = {}, x_correction[4][4] = {};
-    const float4* wq_fragments = reinterpret_cast<const float4*>(wq_staged) + warp * kKeyTiles * kWarpSize;
+    const uint4* wq_fragments = reinterpret_cast<const uint4*>(wq_staged) + 2 * warp * kKeyTiles * kWarpSize;
 #pragma unroll
     for (int kt = 0; kt < kKeyTiles; ++kt) {
-      const float4 f = wq_fragments[kt * kWarpSize + lane];
-      const FragmentA af = split_a(f.x, f.y, f.z, f.w);
+      const uint4 a_hi = wq_fragments[2 * kt * kWarpSize + lane];
+      const uint4 a_lo = wq_fragments[(2 * kt + 1) * kWarpSize + lane];
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
-        const FragmentB b{{state_hi[b0], state_hi[b1]}, {state_lo[b0], state_lo[b1]}};
-        mma_3xtf32(x[nt], x_correction[nt], af, b);
+        mma_split_bf16(x[nt], x_correction[nt], a_hi, a_lo, state_hi[b0], state_hi[b1], state_lo[b0],
+                       state_lo[b1]);
       }
     }
 
-    // v_new = U - X_W (rows < C) to shared memory, split; out = U' + X_Q' (rows >= C).
+    // v_new = U - X_W (rows < C: warps 0..3) to shared memory as B pairs; out = U' + X_Q' (rows >= C).
     const int64_t chunk_first = static_cast<int64_t>(chunk) * kChunk;
+    const int r0 = 16 * warp + gq, r1 = r0 + 8;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + gq + 8 * h, c = 8 * nt + 2 * tq;
-        const float2 u = *reinterpret_cast<const float2*>(uu_staged + r * kSplitLd + c);
-        const float x0 = x[nt][2 * h] + x_correction[nt][2 * h];
-        const float x1 = x[nt][2 * h + 1] + x_correction[nt][2 * h + 1];
-        if (r < kChunk) {
-          const Split v0 = split_tf32(u.x - x0), v1 = split_tf32(u.y - x1);
-          new_value_hi[r * kSplitLd + c] = v0.hi;
-          new_value_lo[r * kSplitLd + c] = v0.lo;
-          new_value_hi[r * kSplitLd + c + 1] = v1.hi;
-          new_value_lo[r * kSplitLd + c + 1] = v1.lo;
-        } else {
-          const int64_t token = chunk_first + r - kChunk;
-          float* o = out + token * out_stride + static_cast<int64_t>(head) * dv + column0 + c;
-          if (token < tokens && column0 + c < dv) o[0] = u.x + x0;
-          if (token < tokens && column0 + c + 1 < dv) o[1] = u.y + x1;
+    for (int nt = 0; nt < 4; ++nt) {
+      const int c = 8 * nt + 2 * tq;
+      const float2 u0 = *reinterpret_cast<const float2*>(uu_staged + r0 * kSplitLd + c);
+      const float2 u1 = *reinterpret_cast<const float2*>(uu_staged + r1 * kSplitLd + c);
+      const float x00 = x[nt][0] + x_correction[nt][0], x01 = x[nt][1] + x_correction[nt][1];
+      const float x10 = x[nt][2] + x_correction[nt][2], x11 = x[nt][3] + x_correction[nt][3];
+      if (r0 < kChunk) {
+        uint2 hi, lo;
+        split_bf16_pair(u0.x - x00, u1.x - x10, hi.x, lo.x);
+        split_bf16_pair(u0.y - x01, u1.y - x11, hi.y, lo.y);
+        const int word = (8 * warp + gq) * kSplitLd + c;
+        *reinterpret_cast<uint2*>(new_value_hi + word) = hi;
+        *reinterpret_cast<uint2*>(new_value_lo + word) = lo;
+      } else {
+        const int64_t token0 = chunk_first + r0 - kChunk, token1 = token0 + 8;
+        const int64_t column = static_cast<int64_t>(head) * dv + column0 + c;
+        const bool first_in = column0 + c < dv, second_in = column0 + c + 1 < dv;
+        if (token0 < tokens) {
+          float* o = out + token0 * out_stride + column;
+          if (first_in) o[0] = u0.x + x00;
+          if (second_in) o[1] = u0.y + x01;
+        }
+        if (token1 < tokens) {
+          float* o = out + token1 * out_stride + column;
+          if (first_in) o[0] = u1.x + x10;
+          if (second_in) o[1] = u1.y + x11;
         }
       }
+    }
     __syncthreads();
 
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
@@ -585,14 +640,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] *= chunk_decay;
 #pragma unroll
-      for (int kt = 0; kt < kChunk / 8; ++kt) {
-        const float4 f = kt_fragments[kt];
-        const FragmentA af = split_a(f.x, f.y, f.z, f.w);
+      for (int kt = 0; kt < kTokenTiles; ++kt) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
-          const FragmentB b{{new_value_hi[b0], new_value_hi[b1]}, {new_value_lo[b0], new_value_lo[b1]}};
-          mma_3xtf32(s[nt], correction[nt], af, b);
+          mma_split_bf16(s[nt], correction[nt], kt_hi[kt], kt_lo[kt], new_value_hi[b0], new_value_hi[b1],
+                         new_value_lo[b0], new_value_lo[b1]);
         }
       }
 #pragma unroll
