@@ -16,19 +16,21 @@
 //    [dk, 32] slab of S in mma accumulators, per chunk X = [W; Q'] S (128 x 32 x dk), out = U' + X_Q',
 //    v_new = U - X_W, S = e^(G_last) S + K~^T v_new (dk x 32 x 64); the next chunk's W;Q' and U;U' are
 //    copied into shared memory (cp.async) during the state update.
-// The prepare kernel's products run as 3xTF32 (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi = tf32(x), lo = tf32(x -
-// hi): ~2^-21 relative per product), the state pass's as split BF16 (the same three products of hi = bf16(x),
-// lo = bf16(x - hi) on m16n8k16: ~2^-17, half the mma instructions; its A operands W;Q' and K~^T are split
-// once, by the prepare kernel), all accumulated in fp32. Head dims are
+// Every product that feeds the state or the output runs as split BF16 on m16n8k16 (a_hi b_hi + a_hi b_lo +
+// a_lo b_hi, hi = bf16(x), lo = bf16(x - hi): ~2^-17 relative per operand, half the mma instructions of the
+// 3xTF32 m16n8k8 form this file used before), accumulated in fp32; the state pass's A operands W;Q' and K~^T
+// are split once, by the prepare kernel. Head dims are
 // padded with zeros to D = 32, 64 or 128 (a template parameter); rows past the sequence are zeros, as in HF.
 //
 // Prediction (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128), per layer: prepare ~17 MFLOP of 3xTF32
 // mma per (head, chunk), one 155 KB block per SM: ~10 us per wave of 132 blocks -> ~0.1 ms at T = 2048;
 // state pass ~2.5 us per chunk -> ~0.08 ms at 2048; 24 layers ~4.5 ms at 2048, ~16 ms at 8192.
-// Measured (qspec_cuda_bench, one layer): 0.44 ms at T = 2048 (10.7 ms for 24 layers; the recurrence took
-// ~1.6 ms), 1.77 ms at 8192 (42 ms). ncu at 2048: prepare 364 us with 16 warps (445 us with 8, when it was
-// latency-bound at ~1.1 IPC with the tensor pipe ~11% busy), state pass 215 us (~6.7 us per chunk, tensor
-// pipe ~40% busy). Max relative error against the CPU's chunked form <= 8e-7.
+// Measured with 3xTF32 (qspec_cuda_bench, one layer): 0.44 ms at T = 2048 (10.7 ms for 24 layers; the
+// recurrence took ~1.6 ms), 1.77 ms at 8192 (42 ms). ncu at 2048: prepare 364 us with 16 warps (445 us with
+// 8, when it was latency-bound at ~1.1 IPC with the tensor pipe ~11% busy), state pass 215 us (~6.7 us per
+// chunk, tensor pipe ~40% busy). Max relative error against the CPU's chunked form <= 8e-7.
+// Split BF16, predicted: state pass ~1.6x faster (half the mma instructions, no splitting of A operands),
+// prepare ~1.2x (still latency-bound): ~0.33 ms at 2048, ~1.3 ms at 8192; error ~1e-5.
 #include <cmath>
 #include <cstdint>
 
@@ -47,83 +49,20 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kSlab = 32;              // state columns per block of the state pass
 constexpr int kChunksPerSegment = 32;  // 2,048 tokens of workspace at a time
 constexpr int kBlock = 16;             // T = (I + A)^-1 is built in blocks of 16 x 16
-constexpr int kSquareLd = kChunk + 4;  // row stride of [C, C] tiles: rows g and g + 1 on other banks
+constexpr int kSquareLd = kChunk + 8;  // row stride of [C, C] tiles: float2 rows g..g + 3 on other banks
 constexpr int kSplitLd = kSlab + 8;  // row stride of k-major split operands: rows t and t + 1 on other banks
 constexpr float kL2NormEps = 1e-6f;
 
-// ---- 3xTF32 mma.sync m16n8k8 (sm_80+). Lane = (g = lane / 4, t = lane % 4).
-// A (16 x 8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4].
-// B (8 x 8): b0 = B[t][g], b1 = B[t+4][g].  C: c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 =
-// C[g+8][2t+1].
-
-__device__ inline uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-struct Split {
-  uint32_t hi, lo;
-};
-
-__device__ inline Split split_tf32(float x) {
-  const uint32_t hi = to_tf32(x);
-  return {hi, to_tf32(x - __uint_as_float(hi))};
-}
-
-struct FragmentA {
-  uint32_t hi[4], lo[4];
-};
-struct FragmentB {
-  uint32_t hi[2], lo[2];
-};
-
-__device__ inline FragmentA split_a(float a0, float a1, float a2, float a3) {
-  const float values[4] = {a0, a1, a2, a3};
-  FragmentA f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const Split s = split_tf32(values[i]);
-    f.hi[i] = s.hi;
-    f.lo[i] = s.lo;
-  }
-  return f;
-}
-
-__device__ inline FragmentB split_b(float b0, float b1) {
-  const Split s0 = split_tf32(b0), s1 = split_tf32(b1);
-  return {{s0.hi, s1.hi}, {s0.lo, s1.lo}};
-}
-
-__device__ inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// d += a b, small terms first.
-__device__ inline void mma_3xtf32(float (&d)[4], const FragmentA& a, const FragmentB& b) {
-  mma_tf32(d, a.lo, b.hi);
-  mma_tf32(d, a.hi, b.lo);
-  mma_tf32(d, a.hi, b.hi);
-}
-
-// A fragment (rows m0.., columns k0..) of a row-major fp32 tile in shared memory.
-__device__ inline FragmentA load_a(const float* tile, int ld, int m0, int k0, int g, int t) {
-  const float* p = tile + (m0 + g) * ld + k0 + t;
-  return split_a(p[0], p[8 * ld], p[4], p[8 * ld + 4]);
-}
-
-// ---- split-BF16 mma.sync m16n8k16 (sm_80+), the state pass's products: x = hi + lo, hi = bf16(x), lo =
-// bf16(x - hi) (x - hi - lo ~ 2^-17 x); a product is hi*hi + hi*lo + lo*hi in fp32, half the mma
-// instructions of 3xTF32. Inside each 16-wide k tile the k order is permuted: a register pair holds k = p
-// and p + 8 (p = t for A registers 0, 1 and b0; p = t + 4 for A registers 2, 3 and b1). An accumulator
-// lane's rows g and g + 8 then form one B pair, so S and v_new go to shared memory packed, without shuffles.
-// A (16 x 16): reg0 = A[g][t], A[g][t+8]; reg1 = A[g+8][t], A[g+8][t+8]; reg2 = A[g][t+4], A[g][t+12];
-// reg3 = A[g+8][t+4], A[g+8][t+12]. B (16 x 8): b0 = B[t][g], B[t+8][g]; b1 = B[t+4][g], B[t+12][g].
-// A matrix is stored pre-split by the prepare kernel: tile (m16, k16) = mt * (K / 16) + kt holds the 32
-// lanes' hi registers (one uint4 each), then their lo registers.
+// ---- split-BF16 mma.sync m16n8k16 (sm_80+): x = hi + lo, hi = bf16(x), lo = bf16(x - hi) (x - hi - lo ~
+// 2^-17 x); a product is hi*hi + hi*lo + lo*hi in fp32 (half the mma instructions of 3xTF32 on m16n8k8).
+// Lane = (g = lane / 4, t = lane % 4). In the standard k order (the prepare kernel's products):
+// A (16 x 16): reg0 = A[g][2t, 2t+1], reg1 = A[g+8][2t, 2t+1], reg2 = A[g][2t+8, 2t+9], reg3 = A[g+8][2t+8,
+// 2t+9]; B (16 x 8): b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; C: c0, c1 = C[g][2t, 2t+1], c2, c3 =
+// C[g+8][2t, 2t+1]. The state pass permutes the k order inside each 16-wide k tile: a register pair holds k
+// = p and p + 8 (p = t for A registers 0, 1 and b0; p = t + 4 for A registers 2, 3 and b1), so that an
+// accumulator lane's rows g and g + 8 form one B pair and S and v_new go to shared memory packed, without
+// shuffles. Its A matrices are stored pre-split by the prepare kernel: tile (m16, k16) = mt * (K / 16) + kt
+// holds the 32 lanes' hi registers (one uint4 each), then their lo registers.
 
 // (low, high) -> the hi pair and the lo pair, low in the low half.
 __device__ inline void split_bf16_pair(float low, float high, uint32_t& hi, uint32_t& lo) {
@@ -139,6 +78,53 @@ __device__ inline void mma_bf16(float (&d)[4], const uint4& a, uint32_t b0, uint
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+struct SplitA {
+  uint4 hi, lo;
+};
+struct SplitB {
+  uint32_t hi0, hi1, lo0, lo1;
+};
+
+// d += a b, small terms first.
+__device__ inline void mma_split_bf16(float (&d)[4], const SplitA& a, const SplitB& b) {
+  mma_bf16(d, a.lo, b.hi0, b.hi1);
+  mma_bf16(d, a.hi, b.lo0, b.lo1);
+  mma_bf16(d, a.hi, b.hi0, b.hi1);
+}
+
+// A fragment (rows m0.., columns k0.., standard k order) of a row-major fp32 tile in shared memory.
+__device__ inline SplitA load_split_a(const float* tile, int ld, int m0, int k0, int g, int t) {
+  const float* p = tile + (m0 + g) * ld + k0 + 2 * t;
+  const float2 r0 = *reinterpret_cast<const float2*>(p), r1 = *reinterpret_cast<const float2*>(p + 8 * ld);
+  const float2 r2 = *reinterpret_cast<const float2*>(p + 8),
+               r3 = *reinterpret_cast<const float2*>(p + 8 * ld + 8);
+  SplitA a;
+  split_bf16_pair(r0.x, r0.y, a.hi.x, a.lo.x);
+  split_bf16_pair(r1.x, r1.y, a.hi.y, a.lo.y);
+  split_bf16_pair(r2.x, r2.y, a.hi.z, a.lo.z);
+  split_bf16_pair(r3.x, r3.y, a.hi.w, a.lo.w);
+  return a;
+}
+
+// A fragment (rows m0.., columns k0.., the permuted k order) of a row-major fp32 tile in shared memory.
+__device__ inline SplitA load_split_a_permuted(const float* tile, int ld, int m0, int k0, int g, int t) {
+  const float* p = tile + (m0 + g) * ld + k0 + t;
+  SplitA a;
+  split_bf16_pair(p[0], p[8], a.hi.x, a.lo.x);
+  split_bf16_pair(p[8 * ld], p[8 * ld + 8], a.hi.y, a.lo.y);
+  split_bf16_pair(p[4], p[12], a.hi.z, a.lo.z);
+  split_bf16_pair(p[8 * ld + 4], p[8 * ld + 12], a.hi.w, a.lo.w);
+  return a;
+}
+
+// B fragment from its four values B[2t][g], B[2t+1][g], B[2t+8][g], B[2t+9][g].
+__device__ inline SplitB split_b(float k0, float k1, float k8, float k9) {
+  SplitB b;
+  split_bf16_pair(k0, k1, b.hi0, b.lo0);
+  split_bf16_pair(k8, k9, b.hi1, b.lo1);
+  return b;
 }
 
 // d += a b with the hi * hi products in `main` and the two corrections in `correction` (shorter chains).
@@ -306,18 +292,18 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     constexpr int kTiles = kChunk / 8 / (kPrepareWarps / 4);  // n tiles per warp
     const int mt = warp % 4, n_base = (warp / 4) * kTiles * 8;
     float kk[kTiles][4] = {}, qk[kTiles][4] = {};
-#pragma unroll 4
-    for (int k0 = 0; k0 < D; k0 += 8) {
-      const FragmentA ak = load_a(key, ld, 16 * mt, k0, gq, tq);
-      const FragmentA aq = load_a(query, ld, 16 * mt, k0, gq, tq);
+#pragma unroll 2
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      const SplitA ak = load_split_a_permuted(key, ld, 16 * mt, k0, gq, tq);
+      const SplitA aq = load_split_a_permuted(query, ld, 16 * mt, k0, gq, tq);
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
         const int n0 = n_base + 8 * nt;
         if (n0 > 16 * mt + 15) continue;
-        const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k]
-        const FragmentB b = split_b(p[0], p[4]);
-        mma_3xtf32(kk[nt], ak, b);
-        mma_3xtf32(qk[nt], aq, b);
+        const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k], permuted k order
+        const SplitB b = split_b(p[0], p[8], p[4], p[12]);
+        mma_split_bf16(kk[nt], ak, b);
+        mma_split_bf16(qk[nt], aq, b);
       }
     }
 #pragma unroll
@@ -393,21 +379,27 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   {
     float acc[4][kTilesPerWarp][4] = {};
 #pragma unroll
-    for (int k0 = 0; k0 < kChunk; k0 += 8) {
-      const int p0 = k0 + tq, p1 = p0 + 4;
-      FragmentB b[kTilesPerWarp];
+    for (int k0 = 0; k0 < kChunk; k0 += 16) {
+      const int p = k0 + 2 * tq;  // rows p, p + 1, p + 8, p + 9 of the B operand
+      float scale[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = p + e % 2 + 8 * (e / 2);
+        scale[e] = half == 0 ? row_beta[row] * growth[row] : row_beta[row];
+      }
+      const float* source = half == 0 ? key : value;
+      SplitB b[kTilesPerWarp];
 #pragma unroll
       for (int nt = 0; nt < kTilesPerWarp; ++nt) {
-        const int n = n_first + 8 * nt + gq;
-        b[nt] = half == 0 ? split_b(key[p0 * ld + n] * row_beta[p0] * growth[p0],
-                                    key[p1 * ld + n] * row_beta[p1] * growth[p1])
-                          : split_b(value[p0 * ld + n] * row_beta[p0], value[p1 * ld + n] * row_beta[p1]);
+        const float* column = source + p * ld + n_first + 8 * nt + gq;
+        b[nt] = split_b(column[0] * scale[0], column[ld] * scale[1], column[8 * ld] * scale[2],
+                        column[9 * ld] * scale[3]);
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const FragmentA at = load_a(inverse, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA at = load_split_a(inverse, kSquareLd, 16 * mt, k0, gq, tq);
 #pragma unroll
-        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_3xtf32(acc[mt][nt], at, b[nt]);
+        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16(acc[mt][nt], at, b[nt]);
       }
     }
     __syncthreads();
@@ -435,18 +427,18 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     float acc[4][kTilesPerWarp][4] = {};
     const float* source = half == 0 ? key : value;
 #pragma unroll
-    for (int k0 = 0; k0 < kChunk; k0 += 8) {
-      FragmentB b[kTilesPerWarp];
+    for (int k0 = 0; k0 < kChunk; k0 += 16) {
+      SplitB b[kTilesPerWarp];
 #pragma unroll
       for (int nt = 0; nt < kTilesPerWarp; ++nt) {
-        const float* p = source + (k0 + tq) * ld + n_first + 8 * nt + gq;
-        b[nt] = split_b(p[0], p[4 * ld]);
+        const float* column = source + (k0 + 2 * tq) * ld + n_first + 8 * nt + gq;
+        b[nt] = split_b(column[0], column[ld], column[8 * ld], column[9 * ld]);
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const FragmentA aa = load_a(aqk, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA aa = load_split_a(aqk, kSquareLd, 16 * mt, k0, gq, tq);
 #pragma unroll
-        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_3xtf32(acc[mt][nt], aa, b[nt]);
+        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16(acc[mt][nt], aa, b[nt]);
       }
     }
 #pragma unroll
