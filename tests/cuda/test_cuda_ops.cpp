@@ -843,7 +843,7 @@ struct GdnCase {
 // replay) and the chunked kernels (T >= 64; T = 3000 crosses the 2,048-token workspace segment), on the 4B
 // shape and on small ones with nk != nv and dk != dv (padded head dims). The CPU op is recurrent up to 16
 // tokens, chunked beyond: where both sides run the recurrence the tolerance is kRecurrentGdnTolerance, else
-// kChunkedGdnTolerance (the same math in another form; the CUDA chunked products are 3xTF32, ~fp32). Where
+// kChunkedGdnTolerance (the same math in another form; the CUDA chunked products are split BF16). Where
 // the CUDA side is recurrent past 16 tokens it is also held to the CPU recurrence. Output and state both.
 TEST(CudaOps, GatedDeltaRule) {
   std::mt19937 rng(14);
@@ -853,8 +853,11 @@ TEST(CudaOps, GatedDeltaRule) {
     std::vector<int64_t> tokens;
   };
   const std::vector<Case> cases = {
-      {{16, 32, 128, 128}, {1, 3, 16, 40, 63, 64, 65, 200, 3000}},
+      {{16, 32, 128, 128}, {1, 3, 16, 40, 63, 64, 65, 127, 200, 3000}},
       {{2, 4, 32, 32}, {1, 16, 63, 64, 65, 200}},
+      // dk 32 padded to dv's D = 64; 8,192 tokens: four 2,048-token workspace segments (+ a tail).
+      {{2, 4, 32, 64}, {64, 127, 300}},
+      {{1, 2, 64, 64}, {8192, 8200}},
       {{3, 6, 64, 48}, {1, 3, 63, 64, 65, 200, 2100}},
       // dk 48 of 64 padded rows, dv 20: a slab with a half-empty warp and an empty one.
       {{1, 3, 48, 20}, {1, 3, 15, 16, 17, 40}},
