@@ -146,10 +146,11 @@ cudaError_t launch_attention_verify_mma(const AttentionArgs& args, cudaStream_t 
 cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPlanes& planes,
                                      cudaStream_t stream);
 
-// Query rows per block of each regime.
+// Query rows per block of each regime (prefill: of its paired kernel; the fallback takes 64).
 inline constexpr int kDecodeRows = 4;
 inline constexpr int kVerifyRows = 64;
-inline constexpr int kPrefillRows = 64;
-inline constexpr int kPrefillKeyTile = 16;
+inline constexpr int kPrefillRows = 128;
+// Prefill key tile of the paired kernel (the fallback's 16 divides it): the K/V planes are padded to it.
+inline constexpr int kPrefillKeyTile = 32;
 
 }  // namespace qspec::cuda
