@@ -347,11 +347,12 @@ int run(const char* out_path) {
                   graph_seconds));
       }
     }
-    // Also the last 512-token chunk of a chunked 2048-token prefill (3 key splits, then their merge).
+    // Also the last 512-token chunk of a chunked 2048-token prefill (3 key splits, then their merge) and the
+    // last 2048-token chunk of an 8192-token prompt (the model's prefill chunk).
     struct Prefill {
       int tokens, start;
     };
-    for (const Prefill& p : {Prefill{2048, 0}, Prefill{8192, 0}, Prefill{512, 1536}}) {
+    for (const Prefill& p : {Prefill{2048, 0}, Prefill{8192, 0}, Prefill{512, 1536}, Prefill{2048, 6144}}) {
       const Tensor q = bench.activation(p.tokens, 4096, -1, 1);
       const Tensor out = bench.activation(p.tokens, 4096, -1, 1);
       std::vector<int32_t> all_positions(static_cast<size_t>(p.tokens));

@@ -643,6 +643,15 @@ TEST(CudaOps, Attention) {
     check_attention(rng, {16, 4, 256, 3000, consecutive_positions(tokens, 0)}, "prefill");
   check_attention(rng, {16, 4, 256, 1024, consecutive_positions(300, 512)}, "prefill chunk after 512 rows");
   check_attention(rng, {16, 4, 256, 600, consecutive_positions(100, 400), 8.0f}, "prefill, q in [-8, 8]");
+  // The paired prefill kernel's 128-row tiles (32 tokens x 4 heads) and 32-key tiles: 31/32/33 tokens, a
+  // context that is no multiple of 32 (129 tokens from 1000), the last 512-token chunk of a 2048-token
+  // prompt, and head_dim 128 / 64 with many rows (one tile of dims per warp of a pair: 64 / 32 dims).
+  for (int tokens : {31, 32, 33})
+    check_attention(rng, {16, 4, 256, 100, consecutive_positions(tokens, 0)}, "prefill, paired row tiles");
+  check_attention(rng, {16, 4, 256, 1200, consecutive_positions(129, 1000)}, "prefill chunk after 1000 rows");
+  check_attention(rng, {16, 4, 256, 2048, consecutive_positions(512, 1536)}, "prefill chunk after 1536 rows");
+  check_attention(rng, {8, 2, 128, 1100, consecutive_positions(1000, 0)}, "prefill, head_dim 128");
+  check_attention(rng, {4, 1, 64, 700, consecutive_positions(333, 300)}, "prefill, head_dim 64");
   // Positions out of order.
   check_attention(rng, {16, 4, 256, 300, {7, 0, 250}}, "verify, positions out of order");
   check_attention(rng, {16, 4, 256, 300, {7, 0, 250, 3, 100, 299, 17, 64, 5, 9, 11, 13, 15, 1, 2, 4, 280}},
