@@ -162,6 +162,21 @@ TEST_F(CpuErrors, Conv1dAndGates) {
   expect_error(
       [&] { backend->gdn_gates(beta.view(), g.view(), b.view(), a.view(), a_log.view(), bias.view()); },
       {"gdn_gates", "a_log", "[1, 5]", "[1, 4]"});
+  // gdn_gates_linear: a projection with other heads than beta / g, then the gates' own weights.
+  TestTensor hidden = f32(3, 16), w_b = TestTensor(DType::BF16, 4, 16), w_a5 = TestTensor(DType::BF16, 5, 16);
+  const LinearWeight b_weight{4, 16, w_b.view(), {}, {}, 0}, a_weight{5, 16, w_a5.view(), {}, {}, 0};
+  expect_error(
+      [&] {
+        backend->gdn_gates_linear(beta.view(), g.view(), hidden.view(), b_weight, a_weight, bias.view(),
+                                  bias.view());
+      },
+      {"linear", "out", "[3, 4]", "[3, 5]"});
+  expect_error(
+      [&] {
+        backend->gdn_gates_linear(beta.view(), g.view(), hidden.view(), b_weight, b_weight, a_log.view(),
+                                  bias.view());
+      },
+      {"gdn_gates", "a_log", "[1, 5]", "[1, 4]"});
 }
 
 TEST_F(CpuErrors, GatedDeltaRule) {

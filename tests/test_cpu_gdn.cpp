@@ -1,5 +1,6 @@
-// CPU ops of the Gated DeltaNet layer: conv1d_silu with its rolling state, gdn_gates, and the gated delta
-// rule in both forms (recurrent vs a naive double transcription; chunked vs recurrent; split prefills).
+// CPU ops of the Gated DeltaNet layer: conv1d_silu with its rolling state, gdn_gates (and gdn_gates_linear),
+// and the gated delta rule in both forms (recurrent vs a naive double transcription; chunked vs recurrent;
+// split prefills).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -114,6 +115,39 @@ TEST(CpuGdnGates, SigmoidAndSoftplusDecay) {
       const double want_g = -std::exp(a_log.get(0, h)) * softplus(a_value + dt_bias.get(0, h));
       EXPECT_NEAR(beta.get(t, h), want_beta, 1e-5 * std::abs(want_beta) + 1e-7) << "t " << t << " h " << h;
       EXPECT_NEAR(g.get(t, h), want_g, 1e-5 * std::abs(want_g) + 1e-7) << "t " << t << " h " << h;
+    }
+}
+
+// gdn_gates_linear is the projections then the gates, bit for bit; gdn_gates in place (beta = b, g = a) gives
+// what it gives out of place. Error measure: exact.
+TEST(CpuGdnGates, LinearFormIsProjectionsThenGates) {
+  std::mt19937 rng(29);
+  auto backend = make_cpu_backend();
+  const int64_t heads = 5, hidden = 72, tokens = 3;
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, tokens, hidden, -1, 1);
+  TestTensor w_b = cpu_test::random_tensor(rng, DType::BF16, heads, hidden, -0.3, 0.3);
+  TestTensor w_a = cpu_test::random_tensor(rng, DType::BF16, heads, hidden, -0.3, 0.3);
+  const LinearWeight b_weight{heads, hidden, w_b.view(), {}, {}, 0};
+  const LinearWeight a_weight{heads, hidden, w_a.view(), {}, {}, 0};
+  TestTensor a_log = cpu_test::random_tensor(rng, DType::F32, 1, heads, -3, 1);
+  TestTensor dt_bias = cpu_test::random_tensor(rng, DType::BF16, 1, heads, -1, 1);
+
+  TestTensor b(DType::F32, tokens, heads), a(DType::F32, tokens, heads);
+  backend->linear(b.view(), x.view(), b_weight);
+  backend->linear(a.view(), x.view(), a_weight);
+  TestTensor want_beta(DType::F32, tokens, heads), want_g(DType::F32, tokens, heads);
+  backend->gdn_gates(want_beta.view(), want_g.view(), b.view(), a.view(), a_log.view(), dt_bias.view());
+
+  TestTensor beta(DType::F32, tokens, heads), g(DType::F32, tokens, heads);
+  backend->gdn_gates_linear(beta.view(), g.view(), x.view(), b_weight, a_weight, a_log.view(),
+                            dt_bias.view());
+  backend->gdn_gates(b.view(), a.view(), b.view(), a.view(), a_log.view(), dt_bias.view());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      EXPECT_EQ(beta.get(t, h), want_beta.get(t, h)) << "t " << t << " h " << h;
+      EXPECT_EQ(g.get(t, h), want_g.get(t, h)) << "t " << t << " h " << h;
+      EXPECT_EQ(b.get(t, h), want_beta.get(t, h)) << "in place, t " << t << " h " << h;
+      EXPECT_EQ(a.get(t, h), want_g.get(t, h)) << "in place, t " << t << " h " << h;
     }
 }
 

@@ -270,6 +270,14 @@ void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, 
   require_shape("gdn_gates", "dt_bias", dt_bias, 1, heads);
 }
 
+void check_gdn_gates_linear_args(const Tensor& beta, const Tensor& g, const Tensor& x,
+                                 const LinearWeight& w_b, const LinearWeight& w_a, const Tensor& a_log,
+                                 const Tensor& dt_bias) {
+  check_linear_args(beta, x, w_b);
+  check_linear_args(g, x, w_a);
+  check_gdn_gates_args(beta, g, beta, g, a_log, dt_bias);
+}
+
 void check_gdn_shape(const GdnShape& shape) {
   const auto& [nk, nv, dk, dv] = shape;
   if (nk <= 0 || nv <= 0 || dk <= 0 || dv <= 0 || nv % nk != 0)

@@ -65,6 +65,10 @@ void check_conv1d_operands(const Tensor& out, const Tensor& x, const Tensor& sta
 void check_conv1d_shapes(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight);
 void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                           const Tensor& a_log, const Tensor& dt_bias);
+// gdn_gates_linear: each projection as linear checks it (out beta / g), then the gates.
+void check_gdn_gates_linear_args(const Tensor& beta, const Tensor& g, const Tensor& x,
+                                 const LinearWeight& w_b, const LinearWeight& w_a, const Tensor& a_log,
+                                 const Tensor& dt_bias);
 // gated_delta_rule: a valid GdnShape; then the tensors against it.
 void check_gdn_shape(const GdnShape& shape);
 void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,

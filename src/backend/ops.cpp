@@ -26,4 +26,12 @@ void Backend::attention_prologue(const Tensor& query, const Tensor& gate, const 
   kv_store(v_cache, v, positions);
 }
 
+void Backend::gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
+                               const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias) {
+  check_gdn_gates_linear_args(beta, g, x, w_b, w_a, a_log, dt_bias);
+  linear(beta, x, w_b);
+  linear(g, x, w_a);
+  gdn_gates(beta, g, beta, g, a_log, dt_bias);
+}
+
 }  // namespace qspec

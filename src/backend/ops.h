@@ -3,8 +3,9 @@
 //
 // Shapes use T for the number of tokens in the step. Activations are F32 on the CPU backend; weights may be
 // BF16, F16 or F32. Op inputs and outputs may be strided views (stride >= cols). Outputs may alias inputs of
-// the same shape in rmsnorm, gated_rmsnorm, add, silu_mul, sigmoid_mul and conv1d_silu (out = x), not in
-// linear or attention. Bad shapes, dtypes, ids or positions throw Error naming the op and the argument.
+// the same shape in rmsnorm, gated_rmsnorm, add, silu_mul, sigmoid_mul, conv1d_silu (out = x) and gdn_gates
+// (beta = b, g = a), not in linear or attention. Bad shapes, dtypes, ids or positions throw Error naming the
+// op and the argument.
 #pragma once
 
 #include <cstdint>
@@ -146,6 +147,11 @@ class Backend {
   // beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias). b, a [T, nv]; a_log, dt_bias [1, nv].
   virtual void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                          const Tensor& a_log, const Tensor& dt_bias) = 0;
+  // gdn_gates of the layer's input projections b = x W_b^T, a = x W_a^T (x [T, H]; W_b, W_a [nv, H]): one
+  // launch on CUDA for a decode or verify step instead of the projections' and the gates'. The default
+  // projects into beta and g, then applies gdn_gates in place.
+  virtual void gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
+                                const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias);
   // Gated delta rule over T tokens from `state` [nv * dk, dv] (fp32; advanced past the T tokens when
   // update_state, else only read). qkv [T, 2*nk*dk + nv*dv] is the conv output (q | k | v); q and k are
   // L2-normalised inside (eps 1e-6) and q scaled by dk^-0.5. out [T, nv*dv].

@@ -70,7 +70,8 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
     if (layer.type == LayerType::LinearAttention) {
       layer.in_proj_qkvz =
           stacked({{name("linear_attn.in_proj_qkv"), conv_dim}, {name("linear_attn.in_proj_z"), value_dim}});
-      layer.in_proj_ba = stacked({{name("linear_attn.in_proj_b"), nv}, {name("linear_attn.in_proj_a"), nv}});
+      layer.in_proj_b = linear_weight(backend, c, store, name("linear_attn.in_proj_b"), nv, H);
+      layer.in_proj_a = linear_weight(backend, c, store, name("linear_attn.in_proj_a"), nv, H);
       layer.out_proj = linear_weight(backend, c, store, name("linear_attn.out_proj"), H, value_dim);
       layer.conv_weight =
           backend.upload_weight(store.get(name("linear_attn.conv1d.weight")), conv_dim, c.conv_kernel);
@@ -112,7 +113,7 @@ struct Qwen35Model::Workspace {
   std::unique_ptr<Buffer> ids, positions;
   std::unique_ptr<Buffer> x, normed, mixer_out, mlp_out;
   std::unique_ptr<Buffer> mlp_gate_up, mlp_act;
-  std::unique_ptr<Buffer> gdn_qkvz, gdn_conv, gdn_ba, gdn_beta, gdn_g, gdn_core, gdn_gated;
+  std::unique_ptr<Buffer> gdn_qkvz, gdn_conv, gdn_beta, gdn_g, gdn_core, gdn_gated;
   std::unique_ptr<Buffer> attn_qkv, attn_q, attn_gate, attn_out;
   std::unique_ptr<Buffer> logits;
   std::vector<std::unique_ptr<Buffer>> hidden;
@@ -195,7 +196,6 @@ bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
     if (c.conv_dim() > 0) {
       make(ws.gdn_qkvz, T, c.conv_dim() + vd);
       make(ws.gdn_conv, T, c.conv_dim());
-      make(ws.gdn_ba, T, 2 * nv);
       make(ws.gdn_beta, T, nv);
       make(ws.gdn_g, T, nv);
       make(ws.gdn_core, T, vd);
@@ -238,14 +238,11 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   Tensor conv = view(advance ? ws.gdn_conv : state.pending_qkv);
   Tensor beta = view(advance ? ws.gdn_beta : state.pending_beta);
   Tensor g = view(advance ? ws.gdn_g : state.pending_g);
-  Tensor ba = view(ws.gdn_ba), core = view(ws.gdn_core), gated = view(ws.gdn_gated);
-  const int64_t nv = c.linear_num_value_heads;
+  Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
   Tensor mixed = qkvz.cols_view(0, c.conv_dim()), z = qkvz.cols_view(c.conv_dim(), c.linear_value_dim());
-  Tensor b = ba.cols_view(0, nv), a = ba.cols_view(nv, nv);
   stacked_linear(backend_, qkvz, x, layer.in_proj_qkvz);
-  stacked_linear(backend_, ba, x, layer.in_proj_ba);
   backend_.conv1d_silu(conv, mixed, state.conv_state->tensor(), layer.conv_weight, advance);
-  backend_.gdn_gates(beta, g, b, a, layer.a_log, layer.dt_bias);
+  backend_.gdn_gates_linear(beta, g, x, layer.in_proj_b, layer.in_proj_a, layer.a_log, layer.dt_bias);
   backend_.gated_delta_rule(core, conv, beta, g, state.recurrent_state->tensor(), gdn_shape(c), advance);
   backend_.gated_rmsnorm(gated, core, layer.gdn_norm, z, c.rms_norm_eps);
   backend_.linear(out, gated, layer.out_proj);

@@ -25,8 +25,8 @@ struct Qwen35Layer {
   LinearWeight mlp_down;
 
   // Gated DeltaNet (linear attention)
-  StackedLinear in_proj_qkvz;  // [qkv (the conv input) | z]
-  StackedLinear in_proj_ba;    // [b | a]
+  StackedLinear in_proj_qkvz;         // [qkv (the conv input) | z]
+  LinearWeight in_proj_b, in_proj_a;  // read by gdn_gates_linear, which applies the gates
   LinearWeight out_proj;
   Tensor conv_weight;  // [conv_dim, kernel]
   Tensor dt_bias;      // [1, nv]

@@ -271,6 +271,7 @@ TEST(CudaOps, LinearW4A16) {
       {1000, 2624, 32, DType::F16, {1, 3, 8, 9, 16, 17, 64}},
       {1000, 4352, 128, DType::BF16, {1, 3, 8, 9, 16, 17, 64}},
       {9728, 2560, 128, DType::BF16, {1, 8, 9, 16}},  // the drafter's g128 shape: 1 and 3 tiles per warp
+      {640, 2688, 64, DType::BF16, {1, 9, 16}},       // g64: two groups per 128-k chunk
   };
   for (const Case& c : cases) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
@@ -812,6 +813,74 @@ TEST(CudaOps, GdnGates) {
     compare("gdn_gates", fmt::format("gdn_gates beta [{}, 32]", tokens), beta, kElementwiseTolerance);
     compare("gdn_gates", fmt::format("gdn_gates g [{}, 32]", tokens), g, kElementwiseTolerance);
   }
+  // In place (beta = b, g = a), as gdn_gates_linear's fallback runs it.
+  TensorPair bb = b.activation(3, 32, random_floats(rng, 3 * 32, -6.0f, 6.0f));
+  TensorPair a = b.activation(3, 32, random_floats(rng, 3 * 32, -25.0f, 25.0f));
+  on_both([&](const Side& s) { s.backend.gdn_gates(s(bb), s(a), s(bb), s(a), s(a_log), s(dt_bias)); });
+  compare("gdn_gates", "gdn_gates in place beta [3, 32]", bb, kElementwiseTolerance);
+  compare("gdn_gates", "gdn_gates in place g [3, 32]", a, kElementwiseTolerance);
+}
+
+// The 4B's b/a projections (nv 32, H 2560): one launch for T <= 16 BF16 rows (x whole or as 16-byte aligned
+// columns of a wider row); the composed fallback for more rows, F16 weights and misaligned x. Tolerance: the
+// dot products' (kLinearTolerance); sigmoid and softplus have slopes <= 1.
+TEST(CudaOps, GdnGatesLinear) {
+  std::mt19937 rng(14);
+  auto& b = backends();
+  const int64_t heads = 32, k = 2560;
+  const WeightPair a_log = b.weight(DType::F32, 1, heads, random_floats(rng, heads, -2.0f, 2.0f));
+  const WeightPair dt_bias = b.weight(DType::BF16, 1, heads, random_floats(rng, heads, -1.0f, 1.0f));
+  struct Case {
+    DType dtype;
+    int64_t x_offset;  // x = columns x_offset .. x_offset + k - 1 of rows of k + 16
+    std::vector<int> tokens;
+  };
+  const std::vector<Case> cases = {
+      {DType::BF16, 0, {1, 3, 16, 17, 65}},
+      {DType::BF16, 4, {1, 16}},
+      {DType::BF16, 1, {3}},
+      {DType::F16, 0, {1, 16}},
+  };
+  for (const Case& c : cases) {
+    const WeightPair w_b = b.weight(c.dtype, heads, k, random_floats(rng, heads * k, -0.05f, 0.05f));
+    const WeightPair w_a = b.weight(c.dtype, heads, k, random_floats(rng, heads * k, -0.05f, 0.05f));
+    for (int tokens : c.tokens) {
+      const TensorPair x = b.activation(tokens, k + 16, random_floats(rng, tokens * (k + 16), -1.0f, 1.0f));
+      TensorPair beta = b.poisoned(tokens, heads), g = b.poisoned(tokens, heads);
+      on_both([&](const Side& s) {
+        s.backend.gdn_gates_linear(s(beta), s(g), s(x).cols_view(c.x_offset, k),
+                                   LinearWeight{heads, k, s(w_b), {}, {}, 0},
+                                   LinearWeight{heads, k, s(w_a), {}, {}, 0}, s(a_log), s(dt_bias));
+      });
+      const std::string label = fmt::format("gdn_gates_linear {} [{}, {}] x at column {}",
+                                            dtype_label(c.dtype), tokens, k, c.x_offset);
+      compare("gdn_gates_linear", label + " beta", beta, kLinearTolerance);
+      compare("gdn_gates_linear", label + " g", g, kLinearTolerance);
+    }
+  }
+}
+
+// A verify step's rows get the gates a decode step would: 16 rows in one call vs each row alone, bitwise.
+TEST(CudaOps, GdnGatesLinearRowsIndependentOfT) {
+  std::mt19937 rng(15);
+  auto& b = backends();
+  const int64_t heads = 32, k = 2560, rows = cuda::kGdnGatesLinearMaxRows;
+  const WeightPair a_log = b.weight(DType::F32, 1, heads, random_floats(rng, heads, -2.0f, 2.0f));
+  const WeightPair dt_bias = b.weight(DType::BF16, 1, heads, random_floats(rng, heads, -1.0f, 1.0f));
+  const WeightPair w_b = b.weight(DType::BF16, heads, k, random_floats(rng, heads * k, -0.05f, 0.05f));
+  const WeightPair w_a = b.weight(DType::BF16, heads, k, random_floats(rng, heads * k, -0.05f, 0.05f));
+  const LinearWeight b_weight{heads, k, w_b.gpu, {}, {}, 0}, a_weight{heads, k, w_a.gpu, {}, {}, 0};
+  const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
+  TensorPair beta = b.poisoned(rows, heads), g = b.poisoned(rows, heads);
+  TensorPair beta_alone = b.poisoned(rows, heads), g_alone = b.poisoned(rows, heads);
+  b.gpu().gdn_gates_linear(beta.gpu(), g.gpu(), x.gpu(), b_weight, a_weight, a_log.gpu, dt_bias.gpu);
+  for (int64_t r = 0; r < rows; ++r)
+    b.gpu().gdn_gates_linear(beta_alone.gpu().rows_view(r, 1), g_alone.gpu().rows_view(r, 1),
+                             x.gpu().rows_view(r, 1), b_weight, a_weight, a_log.gpu, dt_bias.gpu);
+  expect_close("gdn_gates_linear", "gdn_gates_linear beta, T=16 rows vs T=1 each", b.read_gpu(beta.gpu()),
+               b.read_gpu(beta_alone.gpu()), kExact);
+  expect_close("gdn_gates_linear", "gdn_gates_linear g, T=16 rows vs T=1 each", b.read_gpu(g.gpu()),
+               b.read_gpu(g_alone.gpu()), kExact);
 }
 
 // The gated delta rule's random inputs of one shape and length (q, k, v in [-1, 1], beta in [0.05, 0.95], g

@@ -293,6 +293,16 @@ class CudaBackend final : public Backend {
     check_cuda(launch_gdn_gates(beta, g, b, a, a_log, dt_bias, stream()), "gdn_gates");
   }
 
+  void gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
+                        const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias) override {
+    check_gdn_gates_linear_args(beta, g, x, w_b, w_a, a_log, dt_bias);
+    if (!gdn_gates_linear_supports(x, w_b, w_a)) {
+      Backend::gdn_gates_linear(beta, g, x, w_b, w_a, a_log, dt_bias);
+      return;
+    }
+    check_cuda(launch_gdn_gates_linear(beta, g, x, w_b, w_a, a_log, dt_bias, stream()), "gdn_gates_linear");
+  }
+
   void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                         const Tensor& state, const GdnShape& shape, bool update_state) override {
     const auto& [nk, nv, dk, dv] = shape;

@@ -120,9 +120,17 @@ inline constexpr int kMaxConvKernel = 8;
 cudaError_t launch_conv1d_silu(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
                                bool update_state, cudaStream_t stream);
 
-// gdn_gates.cu
+// gdn_gates.cu; beta may alias b and g may alias a. gdn_gates_linear's one-launch form (projections and
+// gates) takes up to kGdnGatesLinearMaxRows rows of x (16-byte aligned F32 rows, K a multiple of 8) and BF16
+// W_b, W_a with 16-byte aligned rows; each output's dot product is summed in an order that does not depend on
+// T, so a verify row gets the gates a decode step would.
+inline constexpr int64_t kGdnGatesLinearMaxRows = 16;
 cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a,
                              const Tensor& a_log, const Tensor& dt_bias, cudaStream_t stream);
+bool gdn_gates_linear_supports(const Tensor& x, const LinearWeight& w_b, const LinearWeight& w_a);
+cudaError_t launch_gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x,
+                                    const LinearWeight& w_b, const LinearWeight& w_a, const Tensor& a_log,
+                                    const Tensor& dt_bias, cudaStream_t stream);
 
 // Gated delta rule; the fp32 state is written back only when update_state. Calls of fewer than
 // kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does
