@@ -118,8 +118,11 @@ PY
   [ -f "$OUT/profile.log" ] && tail -n 60 "$OUT/profile.log"
   echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
   grep -E -A8 '^(memory|step) ' "$OUT/steps.log" | grep -v '^recorded' || true
-  grep -E '^(step|draft|commit|decode|verify|prefill|e2e|plain|accept)' "$OUT/spec.log" 2>/dev/null || true
+  grep -E '^(step|draft|commit|decode|verify|prefill|e2e|plain|accept|prompt )|^[0-9]+ +[0-9]+ ' "$OUT/spec.log" 2>/dev/null || true
   tar czf "$OUT/records.tgz" -C "$OUT/records" . && rm -rf "$OUT/records"
+  # The device returns at most 8 files: the logs travel as one archive.
+  tar czf "$OUT/logs.tgz" -C "$OUT" gpu.txt cuda_tests.log memcheck.log steps.log $(cd "$OUT" && ls spec.log profile.log 2>/dev/null) &&
+    (cd "$OUT" && rm -f gpu.txt cuda_tests.log memcheck.log steps.log spec.log profile.log)
   echo "tests exit $tests_status, bench exit $bench_status, model steps exit $model_status, speculative $spec_status, profile $profile_status"
   [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$memcheck_status" -eq 0 ] &&
     [ "$model_status" -eq 0 ] && [ "$spec_status" -eq 0 ]
