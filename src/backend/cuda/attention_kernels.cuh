@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 
 namespace qspec::cuda {
@@ -77,25 +78,6 @@ __device__ inline float* partial_row(const AttentionArgs& a, int64_t t, int head
   return a.partials + ((t * a.num_heads + head) * a.splits + split) * (2 + static_cast<int64_t>(a.head_dim));
 }
 
-__device__ inline void copy_async_16(void* shared, const void* global) {
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");
-}
-// The 16 bytes at `global`, or zeros when `present` is false (nothing is read then).
-__device__ inline void copy_async_16_or_zero(void* shared, const void* global, bool present) {
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
-               "r"(present ? 16 : 0)
-               : "memory");
-}
-__device__ inline void commit_async() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ inline void wait_async() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // ---- split-BF16 tensor-core arithmetic (attention_prefill.cu, attention_verify.cu) ----
 // Every operand x is split into hi = bf16(x) and lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x); a product is
 // hi*hi + hi*lo + lo*hi with FP32 accumulation (mma.sync m16n8k16, sm_80+).
@@ -112,6 +94,49 @@ __device__ inline void split_pair(float first, float second, uint32_t& hi, uint3
   const float2 rounded = __bfloat1622float2(high);
   hi = bf16_bits(high);
   lo = bf16_bits(__floats2bfloat162_rn(first - rounded.x, second - rounded.y));
+}
+
+// Online softmax over one 16-key score tile of a warp's 16 rows: scores[n][e] is key first_key + 8n + 2 pair
+// + (e & 1) of row g (e < 2) or g + 8, keys at or past the row's limit masked. Updates the rows' running max
+// (raw scores) and this thread's part of their totals, returns the factor for the earlier sums and P as the
+// split BF16 A fragments of the P V mma (registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15).
+__device__ inline void online_softmax_tile(float (&scores)[2][4], int64_t first_key, int pair,
+                                           const int64_t (&row_limit)[2], float scale_log2,
+                                           float (&running_max)[2], float (&total)[2], float (&correction)[2],
+                                           uint32_t (&p_hi)[4], uint32_t (&p_lo)[4]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2;
+      const int64_t key = first_key + 8 * n + 2 * pair + (e & 1);
+      if (key >= row_limit[h]) scores[n][e] = -INFINITY;
+      tile_max[h] = fmaxf(tile_max[h], scores[n][e]);
+    }
+  float max_scaled[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const float new_max = fmaxf(running_max[h], tile_max[h]);
+    const float reference = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: weights 0
+    max_scaled[h] = reference * scale_log2;
+    correction[h] = exp2f(running_max[h] * scale_log2 - max_scaled[h]);
+    running_max[h] = new_max;
+    total[h] *= correction[h];
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    float weight[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      weight[e] = exp2f(fmaf(scores[n][e], scale_log2, -max_scaled[e / 2]));
+      total[e / 2] += weight[e];
+    }
+    split_pair(weight[0], weight[1], p_hi[2 * n], p_lo[2 * n]);
+    split_pair(weight[2], weight[3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
+  }
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* shared) {

@@ -131,6 +131,32 @@ __global__ void attention_split_kv_kernel(AttentionArgs a, SplitKvPlanes p) {
   }
 }
 
+// Query rows [first_row, first_row + kTileRows) of KV head kv's heads (row = token * heads_per_kv + head),
+// split and swizzled into q_hi / q_lo; rows past `rows` and dims past head_dim are zero.
+template <int kDim, int kTileRows, int kBlockThreads>
+__device__ void stage_query_tile(uint16_t* q_hi, uint16_t* q_lo, const AttentionArgs& a, int kv,
+                                 int64_t first_row, int64_t rows) {
+  constexpr int kChunks = kDim / 8;
+  for (int item = static_cast<int>(threadIdx.x); item < kTileRows * kChunks; item += kBlockThreads) {
+    const int r = item / kChunks, chunk = item % kChunks;
+    const int64_t row = first_row + r;
+    float x[8];
+    const float* query = nullptr;
+    if (row < rows)
+      query = a.q + row / a.heads_per_kv * a.q_stride +
+              static_cast<int64_t>(kv * a.heads_per_kv + row % a.heads_per_kv) * a.head_dim;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int d = chunk * 8 + e;
+      x[e] = query != nullptr && d < a.head_dim ? query[d] : 0.0f;
+    }
+    uint4 hi, lo;
+    split_chunk(x, hi, lo);
+    *reinterpret_cast<uint4*>(q_hi + swizzled<kDim>(r, chunk)) = hi;
+    *reinterpret_cast<uint4*>(q_lo + swizzled<kDim>(r, chunk)) = lo;
+  }
+}
+
 template <int kDim>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a, SplitKvPlanes p) {
   constexpr int kChunks = kDim / 8;
@@ -168,25 +194,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
   }
   if (lane == 0) warp_keys[warp] = most;
 
-  // Q tile, split and swizzled; rows past the last and dims past head_dim are zero.
-  for (int item = static_cast<int>(threadIdx.x); item < kRows * kChunks; item += kThreads) {
-    const int r = item / kChunks, chunk = item % kChunks;
-    const int64_t row = tile_first_row + r;
-    float x[8];
-    const float* query = nullptr;
-    if (row < rows)
-      query = a.q + row / a.heads_per_kv * a.q_stride +
-              static_cast<int64_t>(kv * a.heads_per_kv + row % a.heads_per_kv) * a.head_dim;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int d = chunk * 8 + e;
-      x[e] = query != nullptr && d < a.head_dim ? query[d] : 0.0f;
-    }
-    uint4 hi, lo;
-    split_chunk(x, hi, lo);
-    *reinterpret_cast<uint4*>(q_hi + swizzled<kDim>(r, chunk)) = hi;
-    *reinterpret_cast<uint4*>(q_lo + swizzled<kDim>(r, chunk)) = lo;
-  }
+  stage_query_tile<kDim, kRows, kThreads>(q_hi, q_lo, a, kv, tile_first_row, rows);
   __syncthreads();
   int block_keys = 0;
 #pragma unroll
@@ -205,10 +213,10 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     for (int item = static_cast<int>(threadIdx.x); item < kKeyTile * kChunks; item += kThreads) {
       const int key = item / kChunks, chunk = item % kChunks;
       const int64_t source = base + int64_t{key} * kDim + chunk * 8;
-      copy_async_16(hi + swizzled<kDim>(key, chunk), planes[2 * which] + source);
-      copy_async_16(lo + swizzled<kDim>(key, chunk), planes[2 * which + 1] + source);
+      cp_async_16(hi + swizzled<kDim>(key, chunk), planes[2 * which] + source);
+      cp_async_16(lo + swizzled<kDim>(key, chunk), planes[2 * which + 1] + source);
     }
-    commit_async();
+    cp_async_commit();
   };
 
   float out[kDimTiles][4];
@@ -220,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
 
   if (range.begin < range.end) load_tile(0, range.begin);
   for (int64_t first_key = range.begin; first_key < range.end; first_key += kKeyTile) {
-    wait_async<0>();
+    cp_async_wait<0>();
     __syncthreads();  // K ready; every warp is done with the previous V
     load_tile(1, first_key);
 
@@ -240,41 +248,10 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     }
 
     // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int64_t key = first_key + 8 * n + 2 * pair + (e & 1);
-        if (key >= row_limit[h]) scores[n][e] = -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], scores[n][e]);
-      }
-    float correction[2], max_scaled[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float new_max = fmaxf(running_max[h], tile_max[h]);
-      const float reference = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: weights 0
-      max_scaled[h] = reference * scale_log2;
-      correction[h] = exp2f(running_max[h] * scale_log2 - max_scaled[h]);
-      running_max[h] = new_max;
-      total[h] *= correction[h];
-    }
+    float correction[2];
     uint32_t p_hi[4], p_lo[4];
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      float weight[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        weight[e] = exp2f(fmaf(scores[n][e], scale_log2, -max_scaled[e / 2]));
-        total[e / 2] += weight[e];
-      }
-      // A fragment of the P V mma (k = the 16 keys): registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15.
-      split_pair(weight[0], weight[1], p_hi[2 * n], p_lo[2 * n]);
-      split_pair(weight[2], weight[3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
-    }
+    online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction, p_hi,
+                        p_lo);
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) {
       out[n][0] *= correction[0];
@@ -283,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
       out[n][3] *= correction[1];
     }
 
-    wait_async<0>();
+    cp_async_wait<0>();
     __syncthreads();  // V ready; every warp is done with this K
     if (first_key + kKeyTile < range.end) load_tile(0, first_key + kKeyTile);
 
@@ -390,25 +367,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   }
   if (lane == 0) warp_keys[warp] = warp_most;
 
-  // Q tile, split and swizzled; rows past the last and dims past head_dim are zero.
-  for (int item = static_cast<int>(threadIdx.x); item < kPairRows * kChunks; item += kPairThreads) {
-    const int r = item / kChunks, chunk = item % kChunks;
-    const int64_t row = tile_first_row + r;
-    float x[8];
-    const float* query = nullptr;
-    if (row < rows)
-      query = a.q + row / a.heads_per_kv * a.q_stride +
-              static_cast<int64_t>(kv * a.heads_per_kv + row % a.heads_per_kv) * a.head_dim;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int d = chunk * 8 + e;
-      x[e] = query != nullptr && d < a.head_dim ? query[d] : 0.0f;
-    }
-    uint4 hi, lo;
-    split_chunk(x, hi, lo);
-    *reinterpret_cast<uint4*>(q_hi + swizzled<kDim>(r, chunk)) = hi;
-    *reinterpret_cast<uint4*>(q_lo + swizzled<kDim>(r, chunk)) = lo;
-  }
+  stage_query_tile<kDim, kPairRows, kPairThreads>(q_hi, q_lo, a, kv, tile_first_row, rows);
   __syncthreads();
   int block_keys = 0;
 #pragma unroll
@@ -430,10 +389,10 @@ __global__ void __launch_bounds__(kPairThreads, 1)
     for (int item = static_cast<int>(threadIdx.x); item < kPairKeyTile * kChunks; item += kPairThreads) {
       const int key = item / kChunks, chunk = item % kChunks;
       const int source = key * kDim + chunk * 8;
-      copy_async_16(hi + swizzled<kDim>(key, chunk), source_hi + source);
-      copy_async_16(lo + swizzled<kDim>(key, chunk), source_lo + source);
+      cp_async_16(hi + swizzled<kDim>(key, chunk), source_hi + source);
+      cp_async_16(lo + swizzled<kDim>(key, chunk), source_lo + source);
     }
-    commit_async();
+    cp_async_commit();
   };
 
   float out[2][kHalfTiles][4];
@@ -456,7 +415,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 
   if (range_begin < range_end) load_tile(0, range_begin);
   for (int first_key = range_begin; first_key < range_end; first_key += kPairKeyTile) {
-    wait_async<0>();
+    cp_async_wait<0>();
     __syncthreads();  // K ready; every warp is done with the previous V and the previous exchange
     load_tile(1, first_key);
 
@@ -549,7 +508,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
         out[i][n][3] *= correction[i][1];
       }
 
-    wait_async<0>();
+    cp_async_wait<0>();
     __syncthreads();  // V ready; every warp is done with this K and has read its partner's scores
     if (first_key + kPairKeyTile < range_end) load_tile(0, first_key + kPairKeyTile);
 

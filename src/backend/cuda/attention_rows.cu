@@ -266,20 +266,20 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
     for (int item = static_cast<int>(threadIdx.x); item < kVerifyTileKeys * chunks; item += kVerifyThreads) {
       const int key = item / chunks, chunk = item % chunks;
       if (first + key >= range.end) continue;
-      copy_async_16(stage + key * kChunks + chunk,
-                    a.k_cache + (first + key) * a.k_stride + kv_offset + 4 * chunk);
-      copy_async_16(stage + (kVerifyTileKeys + key) * kChunks + chunk,
-                    a.v_cache + (first + key) * a.v_stride + kv_offset + 4 * chunk);
+      cp_async_16(stage + key * kChunks + chunk,
+                  a.k_cache + (first + key) * a.k_stride + kv_offset + 4 * chunk);
+      cp_async_16(stage + (kVerifyTileKeys + key) * kChunks + chunk,
+                  a.v_cache + (first + key) * a.v_stride + kv_offset + 4 * chunk);
     }
   };
   for (int stage = 0; stage < kVerifyStages - 1; ++stage) {
     if (stage < tile_count) load_tile(stage);
-    commit_async();
+    cp_async_commit();
   }
   for (int64_t tile = 0; tile < tile_count; ++tile) {
     if (tile + kVerifyStages - 1 < tile_count) load_tile(tile + kVerifyStages - 1);
-    commit_async();
-    wait_async<kVerifyStages - 1>();  // this tile's copies are done (the next ones' may still run)
+    cp_async_commit();
+    cp_async_wait<kVerifyStages - 1>();  // this tile's copies are done (the next ones' may still run)
     __syncthreads();
     const float4* key_tile = tiles + (tile % kVerifyStages) * 2 * kVerifyTileKeys * kChunks;
     const float4* value_tile = key_tile + kVerifyTileKeys * kChunks;

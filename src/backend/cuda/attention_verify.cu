@@ -104,14 +104,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
       const int key = item / kChunks, chunk = item % kChunks;
       const bool present = first + key < range.end;
       const int64_t row = present ? first + key : 0;
-      copy_async_16_or_zero(keys + key * kKeyStride + 4 * chunk,
-                            a.k_cache + row * a.k_stride + kv_offset + 4 * chunk, present);
-      copy_async_16_or_zero(values + key * kValueStride + 4 * chunk,
-                            a.v_cache + row * a.v_stride + kv_offset + 4 * chunk, present);
+      cp_async_16(keys + key * kKeyStride + 4 * chunk, a.k_cache + row * a.k_stride + kv_offset + 4 * chunk,
+                  present ? 16 : 0);
+      cp_async_16(values + key * kValueStride + 4 * chunk,
+                  a.v_cache + row * a.v_stride + kv_offset + 4 * chunk, present ? 16 : 0);
     }
   };
   if (tile_count > 0) load_tile(0);
-  commit_async();
+  cp_async_commit();
 
   // Q rows, split; rows past the last are zero.
   for (int item = static_cast<int>(threadIdx.x); item < kVerifyRows * kChunks; item += kThreads) {
@@ -139,9 +139,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
 
   for (int64_t tile = 0; tile < tile_count; ++tile) {
     if (tile + 1 < tile_count) load_tile(tile + 1);
-    commit_async();
-    wait_async<1>();  // this tile's copies are done (the next one's may still run)
-    __syncthreads();  // ... for every thread; the Q rows too
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's copies are done (the next one's may still run)
+    __syncthreads();     // ... for every thread; the Q rows too
     const int64_t first_key = range.begin + tile * kTileKeys + 16 * key_group;
     if (rows_present && first_key < warp_limit) {
       const float* const keys =
@@ -169,41 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
       }
 
       // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const int64_t key = first_key + 8 * n + 2 * pair + (e & 1);
-          if (key >= row_limit[h]) scores[n][e] = -INFINITY;
-          tile_max[h] = fmaxf(tile_max[h], scores[n][e]);
-        }
-      float correction[2], max_scaled[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float new_max = fmaxf(running_max[h], tile_max[h]);
-        const float reference = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: weights 0
-        max_scaled[h] = reference * scale_log2;
-        correction[h] = exp2f(running_max[h] * scale_log2 - max_scaled[h]);
-        running_max[h] = new_max;
-        total[h] *= correction[h];
-      }
+      float correction[2];
       uint32_t p_hi[4], p_lo[4];
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        float weight[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          weight[e] = exp2f(fmaf(scores[n][e], scale_log2, -max_scaled[e / 2]));
-          total[e / 2] += weight[e];
-        }
-        // A fragment of P V (k = the 16 keys): registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15.
-        split_pair(weight[0], weight[1], p_hi[2 * n], p_lo[2 * n]);
-        split_pair(weight[2], weight[3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
-      }
+      online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction,
+                          p_hi, p_lo);
 #pragma unroll
       for (int n = 0; n < kDim / 8; ++n) {
         out[n][0] *= correction[0];
@@ -234,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
     }
     __syncthreads();  // the next iteration's copies overwrite this stage
   }
-  wait_async<0>();
+  cp_async_wait<0>();
   __syncthreads();  // no copy in flight: the stages hold the key groups' exchange now
 
 #pragma unroll

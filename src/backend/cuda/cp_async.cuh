@@ -1,6 +1,6 @@
-// Asynchronous global -> shared copies (cp.async, sm_80+): bytes land in shared memory without passing through
-// registers, so a kernel can keep several tiles in flight. A copy reads its first `source_bytes` bytes (0 =
-// none) and fills the rest with zeros; both addresses are aligned to the copy's size.
+// Asynchronous global -> shared copies (cp.async, sm_80+): bytes land in shared memory without passing
+// through registers, so a kernel can keep several tiles in flight. A copy reads its first `source_bytes`
+// bytes (0 = none) and fills the rest with zeros; both addresses are aligned to the copy's size.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +33,10 @@ __device__ inline void cp_async_commit() {
 template <int kPending>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ inline void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 }  // namespace qspec::cuda

@@ -36,6 +36,7 @@
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 
@@ -484,11 +485,6 @@ struct StateLayout {
   static constexpr int kWords = kUu + 2 * kChunk * kSplitLd;
 };
 
-__device__ inline void copy_async_16(void* shared_destination, const void* global_source) {
-  const auto destination = static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global_source));
-}
-
 // One (value head, slab of 32 state columns): the slab of S through all chunks of a segment.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -530,13 +526,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const size_t record = static_cast<size_t>(head) * chunks + chunk;
     const float* wq = ws.wq + record * 2 * kChunk * D;
     for (int index = tid; index < 2 * kChunk * D / 4; index += kThreads)
-      copy_async_16(wq_staged + 4 * index, wq + 4 * index);
+      cp_async_16(wq_staged + 4 * index, wq + 4 * index);
     const float* uu = ws.uu + record * 2 * kChunk * D + column0;
     for (int index = tid; index < 2 * kChunk * kSlab / 4; index += kThreads) {
       const int row = index / (kSlab / 4), quad = index % (kSlab / 4);
-      copy_async_16(uu_staged + row * kSplitLd + 4 * quad, uu + row * D + 4 * quad);
+      cp_async_16(uu_staged + row * kSplitLd + 4 * quad, uu + row * D + 4 * quad);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   };
   stage_chunk(0);
 
@@ -554,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint2*>(state_lo + word) = lo;
       }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
     __syncthreads();
 
     // The state update's operands, loaded while X is computed.

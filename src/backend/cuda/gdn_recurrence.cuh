@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 
 namespace qspec::cuda::gdn {
@@ -63,11 +64,6 @@ inline int slabs(int value_head_dim) {
 inline bool recurrence_fits(const float* state, int64_t state_stride, int key_head_dim, int value_head_dim) {
   return key_head_dim <= kMaxKeyDim && value_head_dim % 4 == 0 && state_stride % 4 == 0 &&
          reinterpret_cast<uintptr_t>(state) % 16 == 0;
-}
-
-__device__ inline void copy_async_4(float* shared, const float* global) {
-  const auto address = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(address), "l"(global) : "memory");
 }
 
 // x[c] summed over the 16 row groups (lane bits 0-3); lane gets column row_group / 4's total. Lanes that
@@ -145,8 +141,8 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
       const int t = e / kKeys, i = e % kKeys;
       if (i < d.dk) {
         const float* row = a.qkv + (first + t) * a.qkv_stride;
-        copy_async_4(&stage_qk[0][t][i], row + q_offset + i);
-        copy_async_4(&stage_qk[1][t][i], row + k_offset + i);
+        cp_async_4(&stage_qk[0][t][i], row + q_offset + i);
+        cp_async_4(&stage_qk[1][t][i], row + k_offset + i);
       } else {
         stage_qk[0][t][i] = 0.0f;
         stage_qk[1][t][i] = 0.0f;
@@ -155,15 +151,15 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
     for (int e = tid; e < count * kSlabColumns; e += kThreads) {
       const int t = e / kSlabColumns, c = e % kSlabColumns;
       if (slab * kSlabColumns + c < d.dv)
-        copy_async_4(&stage_value[t][c], a.qkv + (first + t) * a.qkv_stride + v_offset + c);
+        cp_async_4(&stage_value[t][c], a.qkv + (first + t) * a.qkv_stride + v_offset + c);
       else
         stage_value[t][c] = 0.0f;
     }
     if (tid < count) {
-      copy_async_4(&stage_beta[tid], a.beta + (first + tid) * a.beta_stride + head);
-      copy_async_4(&stage_decay[tid], a.g + (first + tid) * a.g_stride + head);
+      cp_async_4(&stage_beta[tid], a.beta + (first + tid) * a.beta_stride + head);
+      cp_async_4(&stage_decay[tid], a.g + (first + tid) * a.g_stride + head);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
     __syncthreads();
 
     {  // L2-normalise q and k in place: vector = (tid / 4) -> (q or k, token), 4 lanes each.

@@ -235,6 +235,24 @@ __device__ inline void store_hi_lo(uint32_t* chunk, const float (&v)[8]) {
   reinterpret_cast<uint4*>(chunk)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
 }
 
+// A 32-k block's x fragments for rows 8h + g of a split stage (zeros past rows_here); `block` is the block's
+// 8-value group of row 0 for this lane, rows are row_words apart.
+template <int kHalves>
+__device__ inline void load_x_fragments(uint4 (&x_hi)[kHalves], uint4 (&x_lo)[kHalves], const uint32_t* block,
+                                        int row_words, int rows_here, int g) {
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    const int r = h * 8 + g;
+    if (r < rows_here) {
+      const uint4* chunk = reinterpret_cast<const uint4*>(block + r * row_words);
+      x_hi[h] = chunk[0];
+      x_lo[h] = chunk[1];
+    } else {
+      x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Stages kStageK values of x rows [first_row, first_row + rows_here) from k0 as (hi, lo) BF16 pairs (i, i +
 // 4) per 8 values.
 template <bool kAlignedX, int kStageK, int kRowWords>
@@ -262,10 +280,11 @@ __device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, 
   }
 }
 
-// Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2); with K
-// split, the last block of the tile group to finish adds the splits' partials in split order.
+// Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2) and
+// zeroes them for the next item; with K split, the last block of the tile group to finish adds the splits'
+// partials in split order.
 template <int kTiles, int kHalves, int kGroupFeatures>
-__device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (&acc)[kTiles][kHalves][4],
+__device__ void finish_item(const MmaArgs& a, const MmaItem& item, float (&acc)[kTiles][kHalves][4],
                             const int64_t (&first_feature)[kTiles], int g, int q, bool* last_block) {
   const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
   const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
@@ -282,6 +301,7 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
         const int r = 8 * h + 2 * q + i % 2;
         if (feature < a.out_features && r < rows_here)
           target[(first_row + r) * target_stride + feature] = acc[t][h][i];
+        acc[t][h][i] = 0.0f;
       }
   if (!split_k) return;
 
@@ -377,18 +397,8 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         uint4 x_hi[kHalves], x_lo[kHalves];
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          const int r = h * 8 + g;
-          if (r < rows_here) {
-            const uint4* chunk = reinterpret_cast<const uint4*>(
-                x_stage + r * kRowWords + ((c * kChunkBlocks + u) * 4 + q) * kChunkWords);
-            x_hi[h] = chunk[0];
-            x_lo[h] = chunk[1];
-          } else {
-            x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
-          }
-        }
+        load_x_fragments<kHalves>(x_hi, x_lo, x_stage + ((c * kChunkBlocks + u) * 4 + q) * kChunkWords,
+                                  kRowWords, rows_here, g);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
           Weights::template accumulate<kHalves>(acc[t], current[c][t], u, x_hi, x_lo);
@@ -400,12 +410,6 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) first_feature[t] = first_feature_of(item.group, t);
       finish_item<kTiles, kHalves, kGroupFeatures>(a, item, acc, first_feature, g, q, &last_block);
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.0f;
     }
     if (!has_next) break;
     item_index = next_index;
@@ -609,18 +613,8 @@ __global__ void __launch_bounds__(kThreads) linear_int4_ring_kernel(MmaArgs a, P
 #pragma unroll
     for (int u = 0; u < kChunkBlocks; ++u) {
       uint4 x_hi[kHalves], x_lo[kHalves];
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        const int r = h * 8 + g;
-        if (r < rows_here) {
-          const uint4* chunk =
-              reinterpret_cast<const uint4*>(x_split + r * Ring::kSplitRowWords + (u * 4 + q) * kChunkWords);
-          x_hi[h] = chunk[0];
-          x_lo[h] = chunk[1];
-        } else {
-          x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
-        }
-      }
+      load_x_fragments<kHalves>(x_hi, x_lo, x_split + (u * 4 + q) * kChunkWords, Ring::kSplitRowWords,
+                                rows_here, g);
       const int position = first_position + (u >> position_shift);
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
@@ -637,12 +631,6 @@ __global__ void __launch_bounds__(kThreads) linear_int4_ring_kernel(MmaArgs a, P
       for (int t = 0; t < kTiles; ++t)
         first_feature[t] = consumer.item.group * Ring::kFeatures + first_local_feature + t * kTileFeatures;
       finish_item<kTiles, kHalves, Ring::kFeatures>(a, consumer.item, acc, first_feature, g, q, &last_block);
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.0f;
     }
     consumer.advance(a);
   }
