@@ -125,14 +125,14 @@ nlohmann::json flop_entry(const std::string& name, double flop, double seconds) 
 }
 
 // The tensor-core linear's two knobs (launchers.h, LinearMmaTuning) over the model's W4A16 shapes at 1 and 16
-// rows: the split of K (chunks of 128 k per split) and the grid (resident blocks walking the items, or one
-// block per item). Prints, per shape, the default and the best; records every point.
+// rows: the split of K (chunks of 128 k per split) and the grid (one block per item, or 528 blocks walking
+// the items). Prints, per shape, the default and the best; records every point.
 void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
   struct Shape {
     int64_t n, k;
   };
   constexpr int kMatrices = 8;
-  constexpr int64_t kOneBlockPerItem = int64_t{1} << 30;
+  constexpr int64_t kFourBlocksPerMultiprocessor = 4 * 132;
   for (const Shape shape : {Shape{18432, 2560}, Shape{12288, 2560}, Shape{2560, 9216}, Shape{2560, 4096}}) {
     const auto [n, k] = shape;
     std::vector<LinearWeight> weights;
@@ -155,7 +155,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
       double best_seconds = 1e9, default_seconds = 0;
       for (int64_t per_split :
            {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, chunks}) {
-        for (int64_t grid : {int64_t{0}, kOneBlockPerItem}) {
+        for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor}) {
           const cuda::LinearMmaTuning tuning{per_split, grid};
           // Launched on the default stream (not the backend's), so timed here with device synchronizations.
           auto run = [&] {
@@ -177,7 +177,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
           const double seconds = trials[trials.size() / 2];
           const std::string name = fmt::format(
               "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}", rows, n, k,
-              per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "resident" : "items");
+              per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "items" : "528 walking");
           const double bytes = static_cast<double>(n * k) / 2.0 + static_cast<double>(n * (k / 32)) * 2.0;
           results.push_back({{"op", name},
                              {"us", seconds * 1e6},

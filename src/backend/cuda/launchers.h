@@ -47,8 +47,9 @@ struct LinearMmaWorkspaceSize {
   size_t partial_floats = 0;
   size_t counters = 0;
 };
-// The kernel's two knobs, for benchmarks and tests (0: the default rule). chunks_per_split (128 k each) sets
-// the split of K, and with it the order of a row's sums; grid_blocks only how many blocks walk the work.
+// The kernel's two knobs, for benchmarks and tests (0: the default). chunks_per_split (128 k each) sets the
+// split of K, and with it the order of a row's sums; grid_blocks (default: one block per item) only how many
+// blocks walk the work.
 struct LinearMmaTuning {
   int64_t chunks_per_split = 0;
   int64_t grid_blocks = 0;
@@ -145,7 +146,8 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream);
 // gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers); a layer whose state
-// gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel. Conv kernel sizes <= kMaxConvKernel.
+// gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel. Conv kernel sizes <=
+// kMaxConvKernel.
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int num_key_heads,
                               int num_value_heads, int key_head_dim, int value_head_dim, cudaStream_t stream);
 // gated_delta_rule_chunked.cu: chunks of 64 tokens (WY form) on tensor cores (3xTF32), head dims <= 128;

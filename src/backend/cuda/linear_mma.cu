@@ -1,34 +1,34 @@
-// out = x W^T on tensor cores for few rows of x (decode, the 16-row verify, short prefill chunks): W4A16 (K a
-// multiple of 32, power-of-two groups of 32 or more) and BF16 weights. The weights are read once per call, so
-// a step of 16 rows costs about what a step of one does.
+// out = x W^T on tensor cores for few rows of x (decode, the 16-row verify, short prefill chunks): W4A16 (K
+// and group_size multiples of 32) and BF16 weights. The weights are read once per call, so a step of 16 rows
+// costs about what a step of one does.
 //
 // mma.sync m16n8k16 (BF16 in, FP32 accumulate, sm_80+): A = 16 output features x 16 k, B = 16 k x 8 rows
 // of x. A warp owns 16 features (a tile); lane (g = lane / 4, q = lane % 4) holds features g and g + 8. K is
-// walked in chunks of 128 (four 32-k blocks, one W4A16 g32 group each). Per block lane q takes packed word q
+// walked in chunks of 128 (four 32-k blocks, one W4A16 g32 group each). Per block lane q needs packed word q
 // (k = 8q .. 8q + 7): the order of k inside one mma is free as long as A and B agree, so the mma takes nibble
 // pairs (i, i + 4) — one shift + mask + or makes two BF16 values 128 + n, one subtraction gives n - 8
 // exactly — and x in the same pairs. Both mmas of a block lie in one quantization group: the group scale
 // multiplies the block's FP32 sum (exact weights, no rounding of n * scale).
 //
+// Loads: the four lanes of a quad read a feature's 64 bytes of a chunk with one 16-byte load each (lane q
+// gets block q's four words) and a 4 x 4 transpose over the quad (two rounds of shuffles) hands lane q word q
+// of every block. BF16 weights are loaded 16 bytes per lane and block and paired the same way with byte
+// permutes.
+//
 // x stays accurate to ~2^-16: each value is split into hi = bf16(x) and lo = bf16(x - hi), and every block
 // is multiplied by both (the products are exact; the sum is FP32). A block of 4 warps owns 4 x kTiles tiles
-// (two per warp at 16 rows, where a warp's x fragments serve both) and splits x once per step for all of
-// them.
-//
-// W4A16 streams through a ring of shared-memory slots that cp.async fills several chunks ahead (weights,
-// scales and x), so the bytes in flight cost no registers; BF16 weights (16 bytes per lane and block, paired
-// with byte permutes) are loaded into registers a stage ahead. Blocks walk items (a tile group, a split of K,
-// a pass of 16 rows). When the tiles alone leave the GPU short of work (2560 output features at K 9216), K is
-// split in a way that depends on N and K only; the last block of a tile group to finish sums the partials in
-// split order, so results depend neither on timing nor on how many rows share the call (a row's arithmetic is
-// the same at M = 1 and 16).
+// (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
+// shared memory, already split and paired, a stage of chunks at a time; the next stage's weights are loaded
+// into registers while this one is computed. When the tiles alone leave the GPU short of warps (2560 output
+// features at K 9216), K is split over blocks in a way that depends on N and K only; the last block of a
+// tile group to finish sums the partials in split order, so results depend neither on timing nor on how many
+// rows share the call (a row's arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
 
-#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 
@@ -88,6 +88,32 @@ __device__ inline uint32_t nibble_pair(uint32_t word) {
   return *reinterpret_cast<const uint32_t*>(&value);
 }
 
+// One round of the quad transpose: lanes q and q ^ kMask swap the words whose index differs from the lane in
+// bit kMask. After the rounds for masks 1 and 2, word j of lane q is the old word q of lane j.
+template <int kMask>
+__device__ inline void quad_exchange(uint32_t (&w)[4], int q) {
+  const bool upper = (q & kMask) != 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if ((j & kMask) != 0) continue;
+    const uint32_t kept_low = w[j], kept_high = w[j | kMask];
+    const uint32_t received = __shfl_xor_sync(0xffffffffu, upper ? kept_low : kept_high, kMask);
+    w[j] = upper ? received : kept_low;
+    w[j | kMask] = upper ? kept_high : received;
+  }
+}
+
+__device__ inline void quad_transpose(uint4& v, int q) {
+  uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  quad_exchange<1>(w, q);
+  quad_exchange<2>(w, q);
+  v = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ inline uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // The A fragments of one 32-k block for features g (low) and g + 8 (high): pair i = k values (i, i + 4) of
 // the lane's 8. mma 0 takes pairs 0 and 1, mma 1 pairs 2 and 3.
 struct BlockFragments {
@@ -107,35 +133,104 @@ __device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragm
   }
 }
 
-// One 32-k block of W4A16 weights (word q of features g and g + 8) times x, scaled by the block's group
-// scales into acc.
-template <int kHalves>
-__device__ inline void accumulate_int4_block(float (&acc)[kHalves][4], uint32_t low, uint32_t high,
-                                             float scale_low, float scale_high, const uint4 (&x_hi)[kHalves],
-                                             const uint4 (&x_lo)[kHalves]) {
-  const BlockFragments a{
-      {nibble_pair<0>(low), nibble_pair<1>(low), nibble_pair<2>(low), nibble_pair<3>(low)},
-      {nibble_pair<0>(high), nibble_pair<1>(high), nibble_pair<2>(high), nibble_pair<3>(high)}};
-  float sum[kHalves][4] = {};
-  multiply_block<kHalves>(sum, a, x_hi, x_lo);
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    acc[h][0] = fmaf(scale_low, sum[h][0], acc[h][0]);
-    acc[h][1] = fmaf(scale_low, sum[h][1], acc[h][1]);
-    acc[h][2] = fmaf(scale_high, sum[h][2], acc[h][2]);
-    acc[h][3] = fmaf(scale_high, sum[h][3], acc[h][3]);
-  }
-}
-
-// The 16-bit scale at position p of two 32-bit words.
+// W4A16 (compressed-tensors pack-quantized): a chunk's four words of features g and g + 8 and their group
+// scales (raw 16-bit values, block u's in half u of the pair).
 template <typename S>
-__device__ inline float scale_at(uint2 words, int p) {
-  const uint32_t bits = ((p < 2 ? words.x : words.y) >> (16 * (p % 2))) & 0xFFFFu;
-  if constexpr (std::is_same_v<S, __half>)
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-  else
-    return __uint_as_float(bits << 16);
-}
+struct PackedInt4Weights {
+  const uint32_t* packed;
+  int64_t packed_stride;
+  const S* scales;
+  int64_t scales_stride;
+  uint32_t blocks_per_group;  // group_size / 32
+  int64_t blocks;             // in_features / 32
+  bool vector_scales;         // group 32 with 8-byte aligned scale rows: a chunk's 4 scales in one load
+
+  __host__ __device__ static constexpr int tiles_per_warp(int halves) { return halves; }
+  __host__ __device__ static constexpr int min_blocks(int halves) { return halves == 1 ? 4 : 3; }
+  __host__ __device__ static constexpr int stage_chunks(int tiles) { return 2 / tiles; }
+
+  struct Loaded {
+    uint4 low, high;
+    uint2 scale_low, scale_high;
+  };
+
+  // Where features g and g + 8 start, computed once per tile.
+  struct Rows {
+    const uint32_t *packed_low, *packed_high;
+    const S *scales_low, *scales_high;
+  };
+
+  __device__ Rows rows(int64_t feature_low, int64_t feature_high) const {
+    return {packed + feature_low * packed_stride, packed + feature_high * packed_stride,
+            scales + feature_low * scales_stride, scales + feature_high * scales_stride};
+  }
+
+  // The group of each block of the chunk: one load per group that starts in it (4 at g32, 1 at g128).
+  __device__ uint2 load_scales(const S* row, int64_t chunk) const {
+    const int64_t block0 = chunk * kChunkBlocks;
+    if (vector_scales && block0 + kChunkBlocks <= blocks)
+      return __ldg(reinterpret_cast<const uint2*>(row + block0));
+    const auto first = static_cast<uint32_t>(block0);  // blocks < 2^31: K < 2^36
+    uint32_t group = first / blocks_per_group, offset = first - group * blocks_per_group;
+    uint32_t raw[kChunkBlocks];
+#pragma unroll
+    for (int u = 0; u < kChunkBlocks; ++u) {
+      if (u > 0 && ++offset == blocks_per_group) offset = 0, ++group;
+      if (block0 + u >= blocks)
+        raw[u] = 0;
+      else if (u == 0 || offset == 0)
+        raw[u] = __ldg(reinterpret_cast<const unsigned short*>(row + group));
+      else
+        raw[u] = raw[u - 1];
+    }
+    return make_uint2(raw[0] | raw[1] << 16, raw[2] | raw[3] << 16);
+  }
+
+  __device__ Loaded load(const Rows& r, int64_t chunk, int q) const {
+    Loaded w{};
+    const int64_t block = chunk * kChunkBlocks + q;
+    if (block < blocks) {
+      const int64_t offset = block * (kBlockK / 8);
+      w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
+      w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
+    }
+    w.scale_low = load_scales(r.scales_low, chunk);
+    w.scale_high = load_scales(r.scales_high, chunk);
+    return w;
+  }
+
+  __device__ static void prepare(Loaded& w, int q) {
+    quad_transpose(w.low, q);
+    quad_transpose(w.high, q);
+  }
+
+  __device__ static float scale_of(const uint2& raw, int u) {
+    const uint32_t bits = ((u < 2 ? raw.x : raw.y) >> (16 * (u % 2))) & 0xFFFFu;
+    if constexpr (std::is_same_v<S, __half>)
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    else
+      return __uint_as_float(bits << 16);
+  }
+
+  template <int kHalves>
+  __device__ static void accumulate(float (&acc)[kHalves][4], const Loaded& w, int u,
+                                    const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
+    const uint32_t low = word(w.low, u), high = word(w.high, u);
+    const BlockFragments a{
+        {nibble_pair<0>(low), nibble_pair<1>(low), nibble_pair<2>(low), nibble_pair<3>(low)},
+        {nibble_pair<0>(high), nibble_pair<1>(high), nibble_pair<2>(high), nibble_pair<3>(high)}};
+    float sum[kHalves][4] = {};
+    multiply_block<kHalves>(sum, a, x_hi, x_lo);
+    const float scale_low = scale_of(w.scale_low, u), scale_high = scale_of(w.scale_high, u);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      acc[h][0] = fmaf(scale_low, sum[h][0], acc[h][0]);
+      acc[h][1] = fmaf(scale_low, sum[h][1], acc[h][1]);
+      acc[h][2] = fmaf(scale_high, sum[h][2], acc[h][2]);
+      acc[h][3] = fmaf(scale_high, sum[h][3], acc[h][3]);
+    }
+  }
+};
 
 // BF16 weights: 8 values (16 bytes) of each 32-k block per lane and feature.
 struct Bf16Weights {
@@ -223,36 +318,6 @@ __device__ inline MmaItem mma_item(const MmaArgs& a, int64_t item) {
   return i;
 }
 
-// 8 values of x as their (hi, lo) BF16 pairs (i, i + 4): 4 hi words, then 4 lo words.
-__device__ inline void store_hi_lo(uint32_t* chunk, const float (&v)[8]) {
-  uint32_t hi[4], lo[4];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    hi[p] = bf16_pair(v[p], v[p + 4]);
-    lo[p] = bf16_pair(v[p] - bf16_low(hi[p]), v[p + 4] - bf16_high(hi[p]));
-  }
-  reinterpret_cast<uint4*>(chunk)[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-  reinterpret_cast<uint4*>(chunk)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-}
-
-// A 32-k block's x fragments for rows 8h + g of a split stage (zeros past rows_here); `block` is the block's
-// 8-value group of row 0 for this lane, rows are row_words apart.
-template <int kHalves>
-__device__ inline void load_x_fragments(uint4 (&x_hi)[kHalves], uint4 (&x_lo)[kHalves], const uint32_t* block,
-                                        int row_words, int rows_here, int g) {
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    const int r = h * 8 + g;
-    if (r < rows_here) {
-      const uint4* chunk = reinterpret_cast<const uint4*>(block + r * row_words);
-      x_hi[h] = chunk[0];
-      x_lo[h] = chunk[1];
-    } else {
-      x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 // Stages kStageK values of x rows [first_row, first_row + rows_here) from k0 as (hi, lo) BF16 pairs (i, i +
 // 4) per 8 values.
 template <bool kAlignedX, int kStageK, int kRowWords>
@@ -276,15 +341,22 @@ __device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, 
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = 0.0f;
     }
-    store_hi_lo(x_stage + r * kRowWords + c * kChunkWords, v);
+    uint32_t* chunk = x_stage + r * kRowWords + c * kChunkWords;
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      hi[p] = bf16_pair(v[p], v[p + 4]);
+      lo[p] = bf16_pair(v[p] - bf16_low(hi[p]), v[p + 4] - bf16_high(hi[p]));
+    }
+    reinterpret_cast<uint4*>(chunk)[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    reinterpret_cast<uint4*>(chunk)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
 }
 
-// Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2) and
-// zeroes them for the next item; with K split, the last block of the tile group to finish adds the splits'
-// partials in split order.
+// Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2); with K
+// split, the last block of the tile group to finish adds the splits' partials in split order.
 template <int kTiles, int kHalves, int kGroupFeatures>
-__device__ void finish_item(const MmaArgs& a, const MmaItem& item, float (&acc)[kTiles][kHalves][4],
+__device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (&acc)[kTiles][kHalves][4],
                             const int64_t (&first_feature)[kTiles], int g, int q, bool* last_block) {
   const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
   const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
@@ -301,7 +373,6 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, float (&acc)[
         const int r = 8 * h + 2 * q + i % 2;
         if (feature < a.out_features && r < rows_here)
           target[(first_row + r) * target_stride + feature] = acc[t][h][i];
-        acc[t][h][i] = 0.0f;
       }
   if (!split_k) return;
 
@@ -327,8 +398,9 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, float (&acc)[
   }
 }
 
-// A block walks items blockIdx.x, blockIdx.x + gridDim.x, ... as one stream of stages: the next stage's
-// weights (of this item or the next) are loaded while this one is computed.
+// A block takes items blockIdx.x, blockIdx.x + gridDim.x, ... (one, unless the tuning's grid is smaller) as
+// one stream of stages: the next stage's weights (of this item or the next) are loaded while this one is
+// computed.
 template <typename Weights, int kHalves, bool kAlignedX>
 __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     linear_mma_kernel(MmaArgs a, Weights weights) {
@@ -397,8 +469,18 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         uint4 x_hi[kHalves], x_lo[kHalves];
-        load_x_fragments<kHalves>(x_hi, x_lo, x_stage + ((c * kChunkBlocks + u) * 4 + q) * kChunkWords,
-                                  kRowWords, rows_here, g);
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          const int r = h * 8 + g;
+          if (r < rows_here) {
+            const uint4* chunk = reinterpret_cast<const uint4*>(
+                x_stage + r * kRowWords + ((c * kChunkBlocks + u) * 4 + q) * kChunkWords);
+            x_hi[h] = chunk[0];
+            x_lo[h] = chunk[1];
+          } else {
+            x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
+          }
+        }
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
           Weights::template accumulate<kHalves>(acc[t], current[c][t], u, x_hi, x_lo);
@@ -410,6 +492,12 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) first_feature[t] = first_feature_of(item.group, t);
       finish_item<kTiles, kHalves, kGroupFeatures>(a, item, acc, first_feature, g, q, &last_block);
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.0f;
     }
     if (!has_next) break;
     item_index = next_index;
@@ -420,221 +508,6 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) current[c][t] = next[c][t];
   }
-}
-
-// W4A16 through a ring of shared-memory slots filled by cp.async, kStages - 1 steps ahead: a step is one
-// 128-k chunk of one item, and its slot holds the block's features' 16 words each (rows of kFeatureWords),
-// their scales (two 32-bit words per feature: the chunk's up to four 16-bit scales) and the chunk of x (raw
-// FP32, split into hi/lo once per step). Bytes in flight do not cost registers, so a decode step keeps enough
-// of them in flight with few warps.
-constexpr int kFeatureWords = kChunkK / 8 + 4;  // + 4: the 8 features a warp reads at once hit all 32 banks
-
-template <int kHalves>
-struct Int4Ring {
-  static constexpr int kTiles = kHalves;  // at 16 rows a warp's x fragments serve two tiles
-  static constexpr int kStages = kHalves == 1 ? 4 : 3;
-  static constexpr int kFeatures = kWarps * kTiles * kTileFeatures;
-  static constexpr int kRows = kHalves * 8;
-  static constexpr int kWeightWords = kFeatures * kFeatureWords;
-  static constexpr int kScaleWords = kFeatures * 2;
-  static constexpr int kSlotWords = kWeightWords + kScaleWords + kRows * kChunkK;
-  static constexpr int kSplitRowWords = kChunkK + 4;  // + 16 bytes: rows g and g + 1 use other banks
-  static constexpr int kSharedBytes = (kStages * kSlotWords + kRows * kSplitRowWords) * 4;
-};
-
-template <typename S>
-struct PackedInt4 {
-  const uint32_t* packed;
-  int64_t packed_stride;
-  const S* scales;
-  int64_t scales_stride;
-  int64_t blocks;   // in_features / 32
-  int64_t groups;   // scales per row
-  int group_shift;  // log2(group_size / 32)
-};
-
-// A thread's share of a step's copies. The sources depend on the item (tile group, pass) only, so they are
-// set once per item and a step adds the chunk's offset: the copies cost a few instructions each.
-template <int kHalves, bool kAlignedX, typename S>
-struct Int4Copies {
-  using Ring = Int4Ring<kHalves>;
-  static constexpr int kWeightCopies = Ring::kFeatures * kChunkBlocks / kThreads;  // 16 bytes each
-  static constexpr int kScaleCopies = Ring::kFeatures * 2 / kThreads;              // 4 bytes each
-  static constexpr int kXCopies = Ring::kRows * (kChunkK / 4) / kThreads;  // 16 bytes each (aligned x)
-  static_assert(kWeightCopies * kThreads == Ring::kFeatures * kChunkBlocks && kScaleCopies >= 1 &&
-                kXCopies >= 1);
-
-  const uint32_t* weight_rows[kWeightCopies];  // the feature's row, at its 32-k block of the chunk
-  const S* scale_rows[kScaleCopies];
-  const float* x_rows[kXCopies];  // nullptr: a row past the item's rows
-  int first_row, rows_here;       // of the item's pass (unaligned x)
-
-  __device__ void retarget(const MmaArgs& a, const PackedInt4<S>& w, const MmaItem& item) {
-    const int tid = static_cast<int>(threadIdx.x);
-#pragma unroll
-    for (int c = 0; c < kWeightCopies; ++c) {
-      const int i = tid + c * kThreads, f = i / kChunkBlocks, p = i % kChunkBlocks;
-      const int64_t feature = min64(item.group * Ring::kFeatures + f, a.out_features - 1);
-      weight_rows[c] = w.packed + feature * w.packed_stride + p * (kBlockK / 8);
-    }
-#pragma unroll
-    for (int c = 0; c < kScaleCopies; ++c) {
-      const int f = (tid + c * kThreads) / 2;
-      scale_rows[c] =
-          w.scales + min64(item.group * Ring::kFeatures + f, a.out_features - 1) * w.scales_stride;
-    }
-    first_row = item.pass * kTileRows;
-    rows_here = static_cast<int>(min64(a.rows - first_row, Ring::kRows));
-#pragma unroll
-    for (int c = 0; c < kXCopies; ++c) {
-      const int i = tid + c * kThreads, r = i / (kChunkK / 4), k = 4 * (i % (kChunkK / 4));
-      x_rows[c] = r < rows_here ? a.x + (first_row + r) * a.x_stride + k : nullptr;
-    }
-  }
-
-  __device__ void issue(uint32_t* slot, const MmaArgs& a, const PackedInt4<S>& w, int64_t chunk) const {
-    const int tid = static_cast<int>(threadIdx.x);
-#pragma unroll
-    for (int c = 0; c < kWeightCopies; ++c) {
-      const int i = tid + c * kThreads, f = i / kChunkBlocks, p = i % kChunkBlocks;
-      const bool valid = chunk * kChunkBlocks + p < w.blocks;
-      cp_async_16(slot + f * kFeatureWords + 4 * p, weight_rows[c] + (valid ? chunk * (kChunkK / 8) : 0),
-                  valid ? 16 : 0);
-    }
-    // Scale positions base .. base + 3, base = the chunk's first group rounded down to even (32-bit aligned).
-    const int64_t base = ((chunk * kChunkBlocks) >> w.group_shift) & ~int64_t{1};
-    uint32_t* scales = slot + Ring::kWeightWords;
-#pragma unroll
-    for (int c = 0; c < kScaleCopies; ++c) {
-      const int i = tid + c * kThreads;
-      const int64_t index = base + 2 * (i % 2);
-      const int64_t left = w.groups - index;
-      const int bytes = left >= 2 ? 4 : left == 1 ? 2 : 0;
-      cp_async_4(scales + i, scale_rows[c] + (bytes > 0 ? index : 0), bytes);
-    }
-    float* x = reinterpret_cast<float*>(scales + Ring::kScaleWords);
-    const int64_t k0 = chunk * kChunkK;
-    if constexpr (kAlignedX) {
-#pragma unroll
-      for (int c = 0; c < kXCopies; ++c) {
-        const int i = tid + c * kThreads, k = 4 * (i % (kChunkK / 4));
-        const bool valid = x_rows[c] != nullptr && k0 + k < a.in_features;  // in_features % 32 == 0
-        if (x_rows[c] != nullptr) cp_async_16(x + 4 * i, x_rows[c] + (valid ? k0 : 0), valid ? 16 : 0);
-      }
-    } else {
-      for (int i = tid; i < rows_here * kChunkK; i += kThreads) {
-        const int r = i / kChunkK, k = i % kChunkK;
-        const bool valid = k0 + k < a.in_features;
-        cp_async_4(x + i, a.x + (first_row + r) * a.x_stride + (valid ? k0 + k : 0), valid ? 4 : 0);
-      }
-    }
-  }
-};
-
-// A block's walk over its items (blockIdx.x, blockIdx.x + gridDim.x, ...) one chunk at a time.
-struct StepCursor {
-  int64_t index;
-  MmaItem item;
-  int64_t chunk;
-
-  __device__ bool valid(const MmaArgs& a) const { return index < a.items; }
-  __device__ bool last_of_item() const { return chunk + 1 >= item.end_chunk; }
-  __device__ void advance(const MmaArgs& a) {
-    if (++chunk < item.end_chunk) return;
-    index += gridDim.x;
-    if (index < a.items) {
-      item = mma_item(a, index);
-      chunk = item.first_chunk;
-    }
-  }
-};
-
-template <typename S, int kHalves, bool kAlignedX>
-__global__ void __launch_bounds__(kThreads) linear_int4_ring_kernel(MmaArgs a, PackedInt4<S> w) {
-  using Ring = Int4Ring<kHalves>;
-  constexpr int kTiles = Ring::kTiles;
-  extern __shared__ uint4 shared_storage[];
-  __shared__ bool last_block;
-  uint32_t* ring = reinterpret_cast<uint32_t*>(shared_storage);
-  uint32_t* x_split = ring + Ring::kStages * Ring::kSlotWords;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int g = lane / 4, q = lane % 4;
-  const int first_local_feature = warp * kTiles * kTileFeatures;
-  const int position_shift = w.group_shift;
-
-  StepCursor producer{blockIdx.x, mma_item(a, blockIdx.x), 0};
-  producer.chunk = producer.item.first_chunk;
-  StepCursor consumer = producer;
-  Int4Copies<kHalves, kAlignedX, S> copies;
-  copies.retarget(a, w, producer.item);
-  // Issues the producer's step into its slot and moves it on (to the next item's sources when it changes).
-  auto produce = [&](int slot_index) {
-    if (!producer.valid(a)) return;
-    copies.issue(ring + slot_index * Ring::kSlotWords, a, w, producer.chunk);
-    const int64_t index = producer.index;
-    producer.advance(a);
-    if (producer.index != index && producer.valid(a)) copies.retarget(a, w, producer.item);
-  };
-#pragma unroll
-  for (int s = 0; s < Ring::kStages - 1; ++s) {
-    produce(s);
-    cp_async_commit();
-  }
-  float acc[kTiles][kHalves][4] = {};
-  for (int step = 0; consumer.valid(a); ++step) {
-    cp_async_wait<Ring::kStages - 2>();
-    __syncthreads();  // this step's slot has landed; every warp is done with the previous step
-    produce((step + Ring::kStages - 1) % Ring::kStages);
-    cp_async_commit();
-
-    const uint32_t* slot = ring + step % Ring::kStages * Ring::kSlotWords;
-    const int64_t first_row = static_cast<int64_t>(consumer.item.pass) * kTileRows;
-    const int rows_here = static_cast<int>(min64(a.rows - first_row, Ring::kRows));
-    const float* x = reinterpret_cast<const float*>(slot + Ring::kWeightWords + Ring::kScaleWords);
-    for (int i = static_cast<int>(threadIdx.x); i < rows_here * (kChunkK / 8); i += kThreads) {
-      const int r = i / (kChunkK / 8), c = i % (kChunkK / 8);
-      const float4 v0 = reinterpret_cast<const float4*>(x + r * kChunkK + 8 * c)[0];
-      const float4 v1 = reinterpret_cast<const float4*>(x + r * kChunkK + 8 * c)[1];
-      const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      store_hi_lo(x_split + r * Ring::kSplitRowWords + c * kChunkWords, v);
-    }
-    __syncthreads();
-
-    // Scale position of block u: the chunk's first group's offset from the even base, plus u's group step.
-    const int first_position = static_cast<int>((consumer.chunk * kChunkBlocks) >> position_shift) & 1;
-    uint2 scales_low[kTiles], scales_high[kTiles];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int f = first_local_feature + t * kTileFeatures + g;
-      scales_low[t] = reinterpret_cast<const uint2*>(slot + Ring::kWeightWords)[f];
-      scales_high[t] = reinterpret_cast<const uint2*>(slot + Ring::kWeightWords)[f + 8];
-    }
-#pragma unroll
-    for (int u = 0; u < kChunkBlocks; ++u) {
-      uint4 x_hi[kHalves], x_lo[kHalves];
-      load_x_fragments<kHalves>(x_hi, x_lo, x_split + (u * 4 + q) * kChunkWords, Ring::kSplitRowWords,
-                                rows_here, g);
-      const int position = first_position + (u >> position_shift);
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-        const int f = first_local_feature + t * kTileFeatures + g;
-        accumulate_int4_block<kHalves>(
-            acc[t], slot[f * kFeatureWords + 4 * u + q], slot[(f + 8) * kFeatureWords + 4 * u + q],
-            scale_at<S>(scales_low[t], position), scale_at<S>(scales_high[t], position), x_hi, x_lo);
-      }
-    }
-
-    if (consumer.last_of_item()) {
-      int64_t first_feature[kTiles];
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-        first_feature[t] = consumer.item.group * Ring::kFeatures + first_local_feature + t * kTileFeatures;
-      finish_item<kTiles, kHalves, Ring::kFeatures>(a, consumer.item, acc, first_feature, g, q, &last_block);
-    }
-    consumer.advance(a);
-  }
-  cp_async_wait<0>();
 }
 
 // The split of K depends on N and K only (not on the rows, the weight type or the tuning of the grid), so a
@@ -660,110 +533,56 @@ int64_t row_passes(int64_t rows) {
   return (rows + kTileRows - 1) / kTileRows;
 }
 
-// Blocks that fit on the GPU at once (per kernel instance and shared memory size, asked once); a kernel
-// whose shared memory is above the 48 KB default is allowed it first.
-template <auto kKernel>
-int64_t resident_blocks(int shared_bytes) {
-  static const int64_t blocks = [shared_bytes] {
-    int device = 0, multiprocessors = 0, per_multiprocessor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kKernel, kThreads, shared_bytes) !=
-            cudaSuccess)
-      return int64_t{0};
-    return static_cast<int64_t>(multiprocessors) * per_multiprocessor;
-  }();
-  return blocks;
+template <typename Weights, int kHalves, bool kAlignedX>
+cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const LinearMmaTuning& tuning,
+                              cudaStream_t stream) {
+  // One block per item unless the tuning asks for fewer blocks walking several: on the H200 that was no
+  // faster at any W4A16 shape of the 4B and up to 25% slower at 16 rows (bench/results/cuda-ops-notes.md).
+  const int64_t blocks =
+      tuning.grid_blocks > 0 && tuning.grid_blocks < args.items ? tuning.grid_blocks : args.items;
+  linear_mma_kernel<Weights, kHalves, kAlignedX>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, weights);
+  return cudaGetLastError();
 }
 
-MmaArgs mma_args(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
-                 int64_t group_features, const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning) {
+template <typename Weights, int kHalves>
+cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
+                       const Weights& weights, const LinearMmaWorkspace& workspace,
+                       const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
-  const int64_t groups = (out_features + group_features - 1) / group_features;
+  constexpr int64_t kGroupFeatures = kWarps * Weights::tiles_per_warp(kHalves) * kTileFeatures;
+  const int64_t groups = (out_features + kGroupFeatures - 1) / kGroupFeatures;
   const int64_t passes = row_passes(x.rows);
-  return {out.ptr<float>(),
-          out.stride,
-          x.ptr<const float>(),
-          x.stride,
-          x.rows,
-          out_features,
-          in_features,
-          static_cast<int>(passes),
-          static_cast<int>(split.splits),
-          split.chunks,
-          split.chunks_per_split,
-          groups * split.splits * passes,
-          workspace.partials,
-          workspace.counters};
+  const MmaArgs args{out.ptr<float>(),
+                     out.stride,
+                     x.ptr<const float>(),
+                     x.stride,
+                     x.rows,
+                     out_features,
+                     in_features,
+                     static_cast<int>(passes),
+                     static_cast<int>(split.splits),
+                     split.chunks,
+                     split.chunks_per_split,
+                     groups * split.splits * passes,
+                     workspace.partials,
+                     workspace.counters};
+  const bool aligned_x = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && (x.rows <= 1 || x.stride % 4 == 0);
+  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true>(args, weights, tuning, stream);
+  return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
+}
+
+template <typename Weights>
+cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
+                            const Weights& weights, const LinearMmaWorkspace& workspace,
+                            const LinearMmaTuning& tuning, cudaStream_t stream) {
+  if (x.rows <= 8)
+    return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
+  return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);
 }
 
 bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-bool aligned_rows(const Tensor& x) {
-  return aligned(x.data, 16) && (x.rows <= 1 || x.stride % 4 == 0);
-}
-
-// Resident blocks (or the tuning's grid) walking the items.
-template <auto kKernel, typename Weights>
-cudaError_t launch_walk(int shared_bytes, const MmaArgs& args, const Weights& weights,
-                        const LinearMmaTuning& tuning, cudaStream_t stream) {
-  const int64_t resident = resident_blocks<kKernel>(shared_bytes);  // also allows the shared memory
-  if (resident <= 0) return cudaErrorInvalidConfiguration;
-  int64_t blocks = tuning.grid_blocks > 0 ? tuning.grid_blocks : resident;
-  if (blocks > args.items) blocks = args.items;
-  kKernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(args, weights);
-  return cudaGetLastError();
-}
-
-template <int kHalves>
-cudaError_t launch_bf16(const Tensor& out, const Tensor& x, const LinearWeight& w,
-                        const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
-                        cudaStream_t stream) {
-  const Bf16Weights weights{w.weight.ptr<const uint4>(), w.weight.stride / 8, w.in_features / kBlockK};
-  const MmaArgs args =
-      mma_args(out, x, w.out_features, w.in_features,
-               kWarps * Bf16Weights::tiles_per_warp(kHalves) * kTileFeatures, workspace, tuning);
-  if (aligned_rows(x))
-    return launch_walk<linear_mma_kernel<Bf16Weights, kHalves, true>>(0, args, weights, tuning, stream);
-  return launch_walk<linear_mma_kernel<Bf16Weights, kHalves, false>>(0, args, weights, tuning, stream);
-}
-
-template <typename S, int kHalves>
-cudaError_t launch_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
-                        const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
-                        cudaStream_t stream) {
-  using Ring = Int4Ring<kHalves>;
-  int shift = 0;
-  while ((kBlockK << shift) < w.group_size) ++shift;
-  const PackedInt4<S> weights{w.packed.ptr<const uint32_t>(),
-                              w.packed.stride,
-                              w.scales.ptr<const S>(),
-                              w.scales.stride,
-                              w.in_features / kBlockK,
-                              w.scales.cols,
-                              shift};
-  const MmaArgs args = mma_args(out, x, w.out_features, w.in_features, Ring::kFeatures, workspace, tuning);
-  if (aligned_rows(x))
-    return launch_walk<linear_int4_ring_kernel<S, kHalves, true>>(Ring::kSharedBytes, args, weights, tuning,
-                                                                  stream);
-  return launch_walk<linear_int4_ring_kernel<S, kHalves, false>>(Ring::kSharedBytes, args, weights, tuning,
-                                                                 stream);
-}
-
-template <typename S>
-cudaError_t launch_int4_for_rows(const Tensor& out, const Tensor& x, const LinearWeight& w,
-                                 const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
-                                 cudaStream_t stream) {
-  if (x.rows <= 8) return launch_int4<S, 1>(out, x, w, workspace, tuning, stream);
-  return launch_int4<S, 2>(out, x, w, workspace, tuning, stream);
-}
-
-bool power_of_two(int64_t v) {
-  return v > 0 && (v & (v - 1)) == 0;
 }
 
 }  // namespace
@@ -780,27 +599,43 @@ LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_featu
 
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
   if (x.rows == 0 || x.rows > kLinearMmaMaxRows || w.in_features % kBlockK != 0) return false;
-  // W4A16: 16-byte rows of packed words; scale rows 4-byte aligned (a chunk's scales are copied as 32-bit
-  // words); power-of-two groups, so a block's group is a shift.
   if (w.quantized())
-    return power_of_two(w.group_size) && w.group_size >= kBlockK &&
-           (w.scales.dtype == DType::BF16 || w.scales.dtype == DType::F16) && aligned(w.packed.data, 16) &&
-           (w.packed.rows <= 1 || w.packed.stride % 4 == 0) && aligned(w.scales.data, 4) &&
-           (w.scales.rows <= 1 || w.scales.stride % 2 == 0);
+    return w.group_size % kBlockK == 0 && (w.scales.dtype == DType::BF16 || w.scales.dtype == DType::F16) &&
+           aligned(w.packed.data, 16) && (w.packed.rows <= 1 || w.packed.stride % 4 == 0);
   return w.weight.dtype == DType::BF16 && aligned(w.weight.data, 16) &&
          (w.weight.rows <= 1 || w.weight.stride % 8 == 0);
 }
+
+namespace {
+
+template <typename S>
+cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
+                               const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
+                               cudaStream_t stream) {
+  const bool vector_scales = w.group_size == kBlockK && aligned(w.scales.data, 8) &&
+                             (w.scales.rows <= 1 || w.scales.stride % 4 == 0);
+  const PackedInt4Weights<S> weights{w.packed.ptr<const uint32_t>(),
+                                     w.packed.stride,
+                                     w.scales.ptr<const S>(),
+                                     w.scales.stride,
+                                     static_cast<uint32_t>(w.group_size / kBlockK),
+                                     w.in_features / kBlockK,
+                                     vector_scales};
+  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
+}
+
+}  // namespace
 
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning) {
   if (w.quantized()) {
     if (w.scales.dtype == DType::BF16)
-      return launch_int4_for_rows<__nv_bfloat16>(out, x, w, workspace, tuning, stream);
-    return launch_int4_for_rows<__half>(out, x, w, workspace, tuning, stream);
+      return launch_packed_int4<__nv_bfloat16>(out, x, w, workspace, tuning, stream);
+    return launch_packed_int4<__half>(out, x, w, workspace, tuning, stream);
   }
-  if (x.rows <= 8) return launch_bf16<1>(out, x, w, workspace, tuning, stream);
-  return launch_bf16<2>(out, x, w, workspace, tuning, stream);
+  const Bf16Weights weights{w.weight.ptr<const uint4>(), w.weight.stride / 8, w.in_features / kBlockK};
+  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
 }
 
 }  // namespace qspec::cuda
