@@ -125,9 +125,10 @@ nlohmann::json flop_entry(const std::string& name, double flop, double seconds) 
   return {{"op", name}, {"flop", flop}, {"us", seconds * 1e6}, {"TFLOP_per_s", flop / seconds / 1e12}};
 }
 
-// The tensor-core linear's two knobs (launchers.h, LinearMmaTuning) over the model's W4A16 shapes at 1 and 16
-// rows: the split of K (chunks of 128 k per split) and the grid (one block per item, or 528 blocks walking
-// the items). Prints, per shape, the default and the best; records every point.
+// The tensor-core linear's knobs (launchers.h, LinearMmaTuning) over the model's W4A16 shapes at 1 and 16
+// rows: the split of K (chunks of 128 k per split), the grid (the default, or 528 blocks walking the items)
+// and, at one row, the one-row kernel against the many-row one. Prints, per shape, the default and the best;
+// records every point.
 void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
   struct Shape {
     int64_t n, k;
@@ -156,29 +157,32 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
       double best_seconds = 1e9, default_seconds = 0;
       for (int64_t per_split :
            {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, chunks}) {
-        for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor}) {
-          const cuda::LinearMmaTuning tuning{per_split, grid};
-          // Launched on the default stream (not the backend's), so waited for with device synchronizations.
-          const double seconds =
-              bench.time(
-                  [&] {
-                    for (const LinearWeight& w : weights)
-                      cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
-                                       "linear_mma sweep");
-                  },
-                  [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
-              kMatrices;
-          const std::string name = fmt::format(
-              "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}", rows, n, k,
-              per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "items" : "528 walking");
-          const double bytes = static_cast<double>(n * k) / 2.0 + static_cast<double>(n * (k / 32)) * 2.0;
-          results.push_back({{"op", name},
-                             {"us", seconds * 1e6},
-                             {"bytes", bytes},
-                             {"fraction_of_4_16_TB_per_s", bytes / seconds / kMeasuredBandwidth}});
-          if (per_split == 0 && grid == 0) default_seconds = seconds;
-          if (seconds < best_seconds) best_seconds = seconds, best = name;
-        }
+        for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor})
+          for (bool one_row_kernel : {true, false}) {
+            if (!one_row_kernel && rows > 1) continue;
+            const cuda::LinearMmaTuning tuning{per_split, grid, one_row_kernel};
+            // Launched on the default stream (not the backend's), so waited for with device synchronizations.
+            const double seconds =
+                bench.time(
+                    [&] {
+                      for (const LinearWeight& w : weights)
+                        cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
+                                         "linear_mma sweep");
+                    },
+                    [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
+                kMatrices;
+            const std::string name = fmt::format(
+                "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}{}", rows, n, k,
+                per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "default" : "528 walking",
+                rows == 1 && !one_row_kernel ? " many-row kernel" : "");
+            const double bytes = static_cast<double>(n * k) / 2.0 + static_cast<double>(n * (k / 32)) * 2.0;
+            results.push_back({{"op", name},
+                               {"us", seconds * 1e6},
+                               {"bytes", bytes},
+                               {"fraction_of_4_16_TB_per_s", bytes / seconds / kMeasuredBandwidth}});
+            if (per_split == 0 && grid == 0 && one_row_kernel) default_seconds = seconds;
+            if (seconds < best_seconds) best_seconds = seconds, best = name;
+          }
       }
       fmt::print("sweep M={} N={} K={}: default {:.1f} us, best {:.1f} us ({})\n", rows, n, k,
                  default_seconds * 1e6, best_seconds * 1e6, best);

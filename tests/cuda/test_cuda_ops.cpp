@@ -291,6 +291,55 @@ TEST(CudaOps, LinearW4A16) {
   }
 }
 
+// A decode step's row and the same row inside a 16-row verify call go through different kernels (the one-row
+// stream and the many-row tiles) with the same split of K and the same sums: equal bit for bit. Split K (K
+// 9216; N 9216 at K 2560), a last tile past N (1000), x rows 16-byte aligned and not (a view one column in).
+TEST(CudaOps, LinearOneRowEqualsRowOfManyRowCall) {
+  std::mt19937 rng(61);
+  auto& b = backends();
+  struct Case {
+    int64_t n, k;
+    int group;  // 0: BF16 weights
+  };
+  for (const Case& c :
+       {Case{9216, 2560, 32}, Case{2560, 9216, 128}, Case{1000, 2624, 32}, Case{2560, 9216, 0}}) {
+    LinearWeight w{c.n, c.k, {}, {}, {}, c.group};
+    WeightPair weight, packed, scales;
+    if (c.group == 0) {
+      weight = b.weight(DType::BF16, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
+      w.weight = weight.gpu;
+    } else {
+      std::uniform_int_distribution<uint32_t> words(0, std::numeric_limits<uint32_t>::max());
+      std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
+      for (size_t i = 0; i < packed_bytes.size(); i += 4) {
+        const uint32_t word = words(rng);
+        std::memcpy(&packed_bytes[i], &word, 4);
+      }
+      packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+      scales =
+          b.weight(DType::BF16, c.n, c.k / c.group, random_floats(rng, c.n * (c.k / c.group), 0.002f, 0.02f));
+      w.packed = packed.gpu;
+      w.scales = scales.gpu;
+    }
+    const TensorPair wide = b.activation(16, c.k + 4, random_floats(rng, 16 * (c.k + 4), -1.0f, 1.0f));
+    for (int64_t offset : {4, 1}) {
+      const Tensor x = wide.gpu().cols_view(offset, c.k);
+      TensorPair many = b.poisoned(16, c.n);
+      b.gpu().linear(many.gpu(), x, w);
+      const std::vector<float> all_rows = b.read_gpu(many.gpu());
+      for (int64_t r : {0, 5, 15}) {
+        TensorPair one = b.poisoned(1, c.n);
+        b.gpu().linear(one.gpu(), x.rows_view(r, 1), w);
+        const std::vector<float> row = b.read_gpu(one.gpu());
+        const std::vector<float> expected(all_rows.begin() + r * c.n, all_rows.begin() + (r + 1) * c.n);
+        for (float v : row) ASSERT_TRUE(std::isfinite(v)) << c.n << "x" << c.k << " row " << r;
+        EXPECT_EQ(std::memcmp(row.data(), expected.data(), row.size() * sizeof(float)), 0)
+            << "N=" << c.n << " K=" << c.k << " group " << c.group << " x offset " << offset << " row " << r;
+      }
+    }
+  }
+}
+
 // The GEMM's x operand (rows_to_bf16 of linear_gemm.cu), bit-exact against round-to-nearest-even on the host:
 // float4 rows (16-byte aligned, columns a multiple of 4) and element-wise ones (odd column counts, a view
 // starting one column in), 1 to 70,000 rows (beyond grid.y's 65,535).

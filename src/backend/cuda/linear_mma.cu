@@ -148,6 +148,8 @@ struct PackedInt4Weights {
   __host__ __device__ static constexpr int tiles_per_warp(int halves) { return halves; }
   __host__ __device__ static constexpr int min_blocks(int halves) { return halves == 1 ? 4 : 3; }
   __host__ __device__ static constexpr int stage_chunks(int tiles) { return 2 / tiles; }
+  static constexpr int kRowRingDepth =
+      4;  // chunks in flight per warp in the one-row kernel (12 registers each)
 
   struct Loaded {
     uint4 low, high;
@@ -241,6 +243,7 @@ struct Bf16Weights {
   __host__ __device__ static constexpr int tiles_per_warp(int) { return 1; }
   __host__ __device__ static constexpr int min_blocks(int) { return 4; }
   __host__ __device__ static constexpr int stage_chunks(int) { return 1; }
+  static constexpr int kRowRingDepth = 2;  // 32 registers each
 
   struct Loaded {
     uint4 low[kChunkBlocks], high[kChunkBlocks];
@@ -318,17 +321,17 @@ __device__ inline MmaItem mma_item(const MmaArgs& a, int64_t item) {
   return i;
 }
 
-// Stages kStageK values of x rows [first_row, first_row + rows_here) from k0 as (hi, lo) BF16 pairs (i, i +
-// 4) per 8 values.
-template <bool kAlignedX, int kStageK, int kRowWords>
-__device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, int rows_here, int64_t k0) {
-  constexpr int kGroups = kStageK / 8;
-  for (int i = static_cast<int>(threadIdx.x); i < rows_here * kGroups; i += kThreads) {
-    const int r = i / kGroups, c = i % kGroups;
+// Stages `groups` x 8 values of x rows [0, rows_here) from k0 as (hi, lo) BF16 pairs (i, i + 4) per 8 values,
+// row r at word r * row_words; zeros past in_features.
+template <bool kAlignedX>
+__device__ void stage_x(uint32_t* x_stage, const float* x, int64_t x_stride, int64_t in_features,
+                        int rows_here, int64_t k0, int groups, int row_words) {
+  for (int i = static_cast<int>(threadIdx.x); i < rows_here * groups; i += kThreads) {
+    const int r = i / groups, c = i % groups;
     const int64_t k = k0 + 8 * c;
     float v[8];
-    if (k < a.in_features) {
-      const float* p = a.x + (first_row + r) * a.x_stride + k;
+    if (k < in_features) {
+      const float* p = x + r * x_stride + k;
       if constexpr (kAlignedX) {
         const float4 v0 = reinterpret_cast<const float4*>(p)[0], v1 = reinterpret_cast<const float4*>(p)[1];
         v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z,
@@ -341,7 +344,7 @@ __device__ void stage_x(uint32_t* x_stage, const MmaArgs& a, int64_t first_row, 
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = 0.0f;
     }
-    uint32_t* chunk = x_stage + r * kRowWords + c * kChunkWords;
+    uint32_t* chunk = x_stage + r * row_words + c * kChunkWords;
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
@@ -459,7 +462,8 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
     const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
     __syncthreads();  // the previous stage's x is consumed
-    stage_x<kAlignedX, kStageK, kRowWords>(x_stage, a, first_row, rows_here, stage * kChunkK);
+    stage_x<kAlignedX>(x_stage, a.x + first_row * a.x_stride, a.x_stride, a.in_features, rows_here,
+                       stage * kChunkK, kStageK / 8, kRowWords);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
@@ -508,6 +512,135 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) current[c][t] = next[c][t];
   }
+}
+
+// One row of x (a decode step) is a stream of weights against a vector that fits in shared memory: x is
+// staged once, whole, and every warp walks its own (16-feature tile, split of K) units, units warp, warp +
+// warps, ..., keeping kRowRingDepth chunks of weights in flight across unit boundaries, with no barrier after
+// the staging. The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same
+// way, so a row's result equals that of a many-row call bit for bit. The last warp to finish a tile's split
+// adds the splits' partials in split order; a warp learns that from its counter ticket one unit later, so the
+// atomic's round trip does not stall the stream.
+struct RowArgs {
+  float* out;
+  const float* x;
+  int64_t out_features, in_features;
+  int64_t chunks, chunks_per_split, splits;
+  int units;           // tiles x splits
+  float* partials;     // [splits][out_features] when split
+  unsigned* counters;  // one per tile, zero between calls
+};
+
+// Where a warp is in its stream of units (32-bit: units and chunks stay below 2^31).
+struct RowPosition {
+  int unit, tile, split, chunk, end_chunk;
+
+  __device__ void at_unit(const RowArgs& a, int u) {
+    unit = u;
+    if (unit >= a.units) return;
+    tile = unit / static_cast<int>(a.splits);
+    split = unit - tile * static_cast<int>(a.splits);
+    chunk = split * static_cast<int>(a.chunks_per_split);
+    end_chunk = static_cast<int>(min64(a.chunks, chunk + a.chunks_per_split));
+  }
+  // The next chunk: the next of the unit, or the first of the warp's next unit (true).
+  __device__ bool advance(const RowArgs& a, int warps) {
+    if (++chunk != end_chunk) return false;
+    at_unit(a, unit + warps);
+    return true;
+  }
+};
+
+template <typename Weights, bool kAlignedX>
+__global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weights weights) {
+  constexpr int kDepth = Weights::kRowRingDepth;
+  extern __shared__ uint4 x_row_storage[];
+  const uint32_t* x_row = reinterpret_cast<const uint32_t*>(x_row_storage);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int g = lane / 4, q = lane % 4;
+  const int warps = static_cast<int>(gridDim.x) * kWarps;
+
+  // The first chunks' weights are requested before x is staged: their latency covers the staging.
+  RowPosition loading, computing;
+  loading.at_unit(a, static_cast<int>(blockIdx.x) * kWarps + warp);
+  computing = loading;
+  typename Weights::Rows rows{};
+  auto rows_of_tile = [&] {
+    const int64_t first = static_cast<int64_t>(loading.tile) * kTileFeatures;
+    rows = weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
+  };
+  auto load_next = [&](typename Weights::Loaded& slot) {
+    if (loading.unit >= a.units) return;
+    slot = weights.load(rows, loading.chunk, q);
+    if (loading.advance(a, warps) && loading.unit < a.units) rows_of_tile();
+  };
+  if (loading.unit < a.units) rows_of_tile();
+  typename Weights::Loaded ring[kDepth];
+#pragma unroll
+  for (int j = 0; j < kDepth; ++j) load_next(ring[j]);
+  stage_x<kAlignedX>(reinterpret_cast<uint32_t*>(x_row_storage), a.x, 0, a.in_features, 1, 0,
+                     static_cast<int>(a.chunks * kChunkK / 8), 0);
+  __syncthreads();
+
+  const int64_t n = a.out_features;
+  float acc[1][4] = {};
+  int pending_tile = -1;  // the tile of this warp's last split unit, whose ticket is not yet read
+  unsigned pending_ticket = 0;
+  auto resolve_pending = [&] {
+    if (pending_tile < 0) return;
+    if (__shfl_sync(0xffffffffu, pending_ticket, 0) == static_cast<unsigned>(a.splits - 1)) {
+      if (lane == 0) a.counters[pending_tile] = 0;  // ready for the next call
+      __threadfence();
+      const int64_t feature = static_cast<int64_t>(pending_tile) * kTileFeatures + lane;
+      if (lane < kTileFeatures && feature < n) {
+        float total = 0.0f;
+        for (int64_t s = 0; s < a.splits; ++s) total += __ldcg(a.partials + s * n + feature);
+        a.out[feature] = total;
+      }
+    }
+    pending_tile = -1;
+  };
+  // Row 0 of the unit's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
+  auto finish_unit = [&] {
+    const bool split_k = a.splits > 1;
+    float* target = split_k ? a.partials + computing.split * n : a.out;
+    const int64_t feature = static_cast<int64_t>(computing.tile) * kTileFeatures + g;
+    if (q == 0) {
+      if (feature < n) target[feature] = acc[0][0];
+      if (feature + 8 < n) target[feature + 8] = acc[0][2];
+    }
+    acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
+    if (!split_k) return;
+    __threadfence();  // the partials are visible before the ticket is taken
+    __syncwarp();
+    resolve_pending();
+    if (lane == 0) pending_ticket = atomicAdd(a.counters + computing.tile, 1u);
+    pending_tile = computing.tile;
+  };
+
+  while (computing.unit < a.units) {
+#pragma unroll
+    for (int j = 0; j < kDepth; ++j) {
+      if (computing.unit >= a.units) break;
+      Weights::prepare(ring[j], q);
+#pragma unroll
+      for (int u = 0; u < kChunkBlocks; ++u) {
+        uint4 x_hi[1] = {}, x_lo[1] = {};
+        if (g == 0) {
+          const uint4* block = reinterpret_cast<const uint4*>(
+              x_row + ((computing.chunk * kChunkBlocks + u) * 4 + q) * kChunkWords);
+          x_hi[0] = block[0];
+          x_lo[0] = block[1];
+        }
+        Weights::template accumulate<1>(acc, ring[j], u, x_hi, x_lo);
+      }
+      load_next(ring[j]);
+      if (computing.chunk + 1 == computing.end_chunk) finish_unit();
+      computing.advance(a, warps);
+    }
+  }
+  resolve_pending();
 }
 
 // The split of K depends on N and K only (not on the rows, the weight type or the tuning of the grid), so a
@@ -572,10 +705,46 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
   return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
 }
 
+constexpr int kRowBlocksPerMultiprocessor = 4;    // linear_row_kernel's __launch_bounds__
+constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // x staged whole: K <= 12288 (no shared-memory opt-in)
+
+int64_t row_stage_bytes(int64_t in_features) {
+  return (in_features + kChunkK - 1) / kChunkK * kChunkK * static_cast<int64_t>(sizeof(uint32_t));
+}
+
+template <typename Weights, bool kAlignedX>
+cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
+                       const Weights& weights, const LinearMmaWorkspace& workspace,
+                       const LinearMmaTuning& tuning, cudaStream_t stream) {
+  const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
+  const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
+  const RowArgs args{
+      out.ptr<float>(),   x.ptr<const float>(),   out_features, in_features,
+      split.chunks,       split.chunks_per_split, split.splits, static_cast<int>(tiles * split.splits),
+      workspace.partials, workspace.counters};
+  int device = 0, multiprocessors = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess)
+    status = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  if (status != cudaSuccess) return status;
+  const int64_t resident =
+      tuning.grid_blocks > 0 ? tuning.grid_blocks : int64_t{kRowBlocksPerMultiprocessor} * multiprocessors;
+  const int64_t needed = (args.units + kWarps - 1) / kWarps;
+  linear_row_kernel<Weights, kAlignedX>
+      <<<static_cast<unsigned>(needed < resident ? needed : resident), kThreads,
+         static_cast<size_t>(row_stage_bytes(in_features)), stream>>>(args, weights);
+  return cudaGetLastError();
+}
+
 template <typename Weights>
 cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                             const Weights& weights, const LinearMmaWorkspace& workspace,
                             const LinearMmaTuning& tuning, cudaStream_t stream) {
+  if (x.rows == 1 && tuning.one_row_kernel && row_stage_bytes(in_features) <= kRowMaxStageBytes) {
+    if (rows_aligned_to_float4(x))
+      return launch_row<Weights, true>(out, x, out_features, in_features, weights, workspace, tuning, stream);
+    return launch_row<Weights, false>(out, x, out_features, in_features, weights, workspace, tuning, stream);
+  }
   if (x.rows <= 8)
     return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
   return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);
@@ -591,10 +760,11 @@ LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_featu
                                                  int64_t chunks_per_split) {
   const MmaSplit split = mma_split(out_features, in_features, chunks_per_split);
   if (split.splits == 1) return {};
-  // Counters for the smallest tile groups (one tile per warp).
-  const int64_t groups = (out_features + kWarps * kTileFeatures - 1) / (kWarps * kTileFeatures);
+  // One counter per 16-feature tile and pass: the one-row kernel's; the many-row kernel's tile groups use
+  // fewer.
+  const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
   return {static_cast<size_t>(split.splits * rows * out_features),
-          static_cast<size_t>(groups * row_passes(rows))};
+          static_cast<size_t>(tiles * row_passes(rows))};
 }
 
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
