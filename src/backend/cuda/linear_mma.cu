@@ -82,7 +82,8 @@ __device__ inline float bf16_high(uint32_t pair) {
 // Nibbles i and i + 4 of a packed word as the BF16 pair (n_i - 8, n_{i+4} - 8), exact.
 template <int kPair>
 __device__ inline uint32_t nibble_pair(uint32_t word) {
-  const uint32_t biased = ((word >> (4 * kPair)) & 0x000F000Fu) | 0x43004300u;  // 128 + n
+  uint32_t biased;  // 128 + n: (word >> 4 kPair) & 0x000F000F | 0x43004300 in one LOP3 (nvcc emits two)
+  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(biased) : "r"(word >> (4 * kPair)));
   const __nv_bfloat162 value =
       __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), __floats2bfloat162_rn(136.0f, 136.0f));
   return *reinterpret_cast<const uint32_t*>(&value);
@@ -172,6 +173,10 @@ struct PackedInt4Weights {
     const int64_t block0 = chunk * kChunkBlocks;
     if (vector_scales && block0 + kChunkBlocks <= blocks)
       return __ldg(reinterpret_cast<const uint2*>(row + block0));
+    if (blocks_per_group == kChunkBlocks) {  // g128: the chunk is one group (blocks past K multiply zeros)
+      const uint32_t raw = __ldg(reinterpret_cast<const unsigned short*>(row + chunk));
+      return make_uint2(raw | raw << 16, raw | raw << 16);
+    }
     const auto first = static_cast<uint32_t>(block0);  // blocks < 2^31: K < 2^36
     uint32_t group = first / blocks_per_group, offset = first - group * blocks_per_group;
     uint32_t raw[kChunkBlocks];
