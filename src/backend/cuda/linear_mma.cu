@@ -193,6 +193,30 @@ struct PackedInt4Weights {
     return make_uint2(raw[0] | raw[1] << 16, raw[2] | raw[3] << 16);
   }
 
+  // The host's promise for load_whole: K is a multiple of the chunk and a chunk's scales are one 8-byte load
+  // (g32) or one value (g128).
+  bool whole_chunk_loads(int64_t in_features) const {
+    return in_features % kChunkK == 0 && (vector_scales || blocks_per_group == kChunkBlocks);
+  }
+
+  // load() for a chunk inside K, without the bounds checks.
+  __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
+    Loaded w;
+    const int offset = (chunk * kChunkBlocks + q) * (kBlockK / 8);
+    w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
+    w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
+    if (vector_scales) {
+      w.scale_low = __ldg(reinterpret_cast<const uint2*>(r.scales_low + chunk * kChunkBlocks));
+      w.scale_high = __ldg(reinterpret_cast<const uint2*>(r.scales_high + chunk * kChunkBlocks));
+    } else {
+      const uint32_t low = __ldg(reinterpret_cast<const unsigned short*>(r.scales_low + chunk));
+      const uint32_t high = __ldg(reinterpret_cast<const unsigned short*>(r.scales_high + chunk));
+      w.scale_low = make_uint2(low | low << 16, low | low << 16);
+      w.scale_high = make_uint2(high | high << 16, high | high << 16);
+    }
+    return w;
+  }
+
   __device__ Loaded load(const Rows& r, int64_t chunk, int q) const {
     Loaded w{};
     const int64_t block = chunk * kChunkBlocks + q;
@@ -272,6 +296,21 @@ struct Bf16Weights {
         w.low[u] = load_streaming(r.low + vector);
         w.high[u] = load_streaming(r.high + vector);
       }
+    }
+    return w;
+  }
+
+  bool whole_chunk_loads(int64_t in_features) const {
+    return in_features % kChunkK == 0;
+  }
+
+  __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
+    Loaded w;
+#pragma unroll
+    for (int u = 0; u < kChunkBlocks; ++u) {
+      const int vector = (chunk * kChunkBlocks + u) * (kBlockK / 8) + q;
+      w.low[u] = load_streaming(r.low + vector);
+      w.high[u] = load_streaming(r.high + vector);
     }
     return w;
   }
@@ -534,6 +573,7 @@ struct RowArgs {
   int units;           // tiles x splits
   float* partials;     // [splits][out_features] when split
   unsigned* counters;  // one per tile, zero between calls
+  bool x_aligned;      // float4 loads of x
 };
 
 // Where a warp is in its stream of units (32-bit: units and chunks stay below 2^31).
@@ -556,9 +596,11 @@ struct RowPosition {
   }
 };
 
-template <typename Weights, bool kAlignedX>
+// kWholeChunks: every chunk lies inside K and loads without bounds checks (Weights::whole_chunk_loads).
+template <typename Weights, bool kWholeChunks>
 __global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weights weights) {
   constexpr int kDepth = Weights::kRowRingDepth;
+  constexpr int kMaxPending = 4;  // split units whose tickets wait for the end of the stream
   extern __shared__ uint4 x_row_storage[];
   const uint32_t* x_row = reinterpret_cast<const uint32_t*>(x_row_storage);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -577,34 +619,52 @@ __global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weig
   };
   auto load_next = [&](typename Weights::Loaded& slot) {
     if (loading.unit >= a.units) return;
-    slot = weights.load(rows, loading.chunk, q);
+    if constexpr (kWholeChunks)
+      slot = weights.load_whole(rows, loading.chunk, q);
+    else
+      slot = weights.load(rows, loading.chunk, q);
     if (loading.advance(a, warps) && loading.unit < a.units) rows_of_tile();
   };
   if (loading.unit < a.units) rows_of_tile();
   typename Weights::Loaded ring[kDepth];
 #pragma unroll
   for (int j = 0; j < kDepth; ++j) load_next(ring[j]);
-  stage_x<kAlignedX>(reinterpret_cast<uint32_t*>(x_row_storage), a.x, 0, a.in_features, 1, 0,
-                     static_cast<int>(a.chunks * kChunkK / 8), 0);
+  uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_row_storage);
+  const int x_groups = static_cast<int>(a.chunks * kChunkK / 8);
+  if (a.x_aligned)
+    stage_x<true>(x_stage, a.x, 0, a.in_features, 1, 0, x_groups, 0);
+  else
+    stage_x<false>(x_stage, a.x, 0, a.in_features, 1, 0, x_groups, 0);
   __syncthreads();
 
   const int64_t n = a.out_features;
   float acc[1][4] = {};
-  int pending_tile = -1;  // the tile of this warp's last split unit, whose ticket is not yet read
-  unsigned pending_ticket = 0;
-  auto resolve_pending = [&] {
-    if (pending_tile < 0) return;
-    if (__shfl_sync(0xffffffffu, pending_ticket, 0) == static_cast<unsigned>(a.splits - 1)) {
-      if (lane == 0) a.counters[pending_tile] = 0;  // ready for the next call
+  // Split units' partials are stored as the stream goes; their fence and tickets wait until it has ended (a
+  // fence waits for the loads in flight), or until kMaxPending of them are waiting.
+  int pending[kMaxPending];
+  int pending_count = 0;
+  auto settle_pending = [&] {
+    if (pending_count == 0) return;
+    __threadfence();  // this warp's partials are visible before its tickets are taken
+    __syncwarp();
+    unsigned tickets[kMaxPending];
+#pragma unroll
+    for (int i = 0; i < kMaxPending; ++i)
+      if (i < pending_count && lane == 0) tickets[i] = atomicAdd(a.counters + pending[i], 1u);
+#pragma unroll
+    for (int i = 0; i < kMaxPending; ++i) {
+      if (i >= pending_count) break;
+      if (__shfl_sync(0xffffffffu, tickets[i], 0) != static_cast<unsigned>(a.splits - 1)) continue;
+      if (lane == 0) a.counters[pending[i]] = 0;  // ready for the next call
       __threadfence();
-      const int64_t feature = static_cast<int64_t>(pending_tile) * kTileFeatures + lane;
+      const int64_t feature = static_cast<int64_t>(pending[i]) * kTileFeatures + lane;
       if (lane < kTileFeatures && feature < n) {
         float total = 0.0f;
         for (int64_t s = 0; s < a.splits; ++s) total += __ldcg(a.partials + s * n + feature);
         a.out[feature] = total;
       }
     }
-    pending_tile = -1;
+    pending_count = 0;
   };
   // Row 0 of the unit's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
   auto finish_unit = [&] {
@@ -617,13 +677,15 @@ __global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weig
     }
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
     if (!split_k) return;
-    __threadfence();  // the partials are visible before the ticket is taken
-    __syncwarp();
-    resolve_pending();
-    if (lane == 0) pending_ticket = atomicAdd(a.counters + computing.tile, 1u);
-    pending_tile = computing.tile;
+    if (pending_count == kMaxPending) settle_pending();
+#pragma unroll
+    for (int i = 0; i < kMaxPending; ++i)
+      if (i == pending_count) pending[i] = computing.tile;
+    ++pending_count;
   };
 
+  // Only lanes g == 0 hold row 0 of x in the B fragments; the others multiply zeros.
+  uint4 x_hi[1] = {}, x_lo[1] = {};
   while (computing.unit < a.units) {
 #pragma unroll
     for (int j = 0; j < kDepth; ++j) {
@@ -631,7 +693,6 @@ __global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weig
       Weights::prepare(ring[j], q);
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
-        uint4 x_hi[1] = {}, x_lo[1] = {};
         if (g == 0) {
           const uint4* block = reinterpret_cast<const uint4*>(
               x_row + ((computing.chunk * kChunkBlocks + u) * 4 + q) * kChunkWords);
@@ -645,7 +706,7 @@ __global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weig
       computing.advance(a, warps);
     }
   }
-  resolve_pending();
+  settle_pending();
 }
 
 // The split of K depends on N and K only (not on the rows, the weight type or the tuning of the grid), so a
@@ -717,16 +778,23 @@ int64_t row_stage_bytes(int64_t in_features) {
   return (in_features + kChunkK - 1) / kChunkK * kChunkK * static_cast<int64_t>(sizeof(uint32_t));
 }
 
-template <typename Weights, bool kAlignedX>
+template <typename Weights>
 cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                        const Weights& weights, const LinearMmaWorkspace& workspace,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
-  const RowArgs args{
-      out.ptr<float>(),   x.ptr<const float>(),   out_features, in_features,
-      split.chunks,       split.chunks_per_split, split.splits, static_cast<int>(tiles * split.splits),
-      workspace.partials, workspace.counters};
+  const RowArgs args{out.ptr<float>(),
+                     x.ptr<const float>(),
+                     out_features,
+                     in_features,
+                     split.chunks,
+                     split.chunks_per_split,
+                     split.splits,
+                     static_cast<int>(tiles * split.splits),
+                     workspace.partials,
+                     workspace.counters,
+                     rows_aligned_to_float4(x)};
   int device = 0, multiprocessors = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess)
@@ -735,9 +803,12 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
   const int64_t resident =
       tuning.grid_blocks > 0 ? tuning.grid_blocks : int64_t{kRowBlocksPerMultiprocessor} * multiprocessors;
   const int64_t needed = (args.units + kWarps - 1) / kWarps;
-  linear_row_kernel<Weights, kAlignedX>
-      <<<static_cast<unsigned>(needed < resident ? needed : resident), kThreads,
-         static_cast<size_t>(row_stage_bytes(in_features)), stream>>>(args, weights);
+  const dim3 grid(static_cast<unsigned>(needed < resident ? needed : resident));
+  const auto shared = static_cast<size_t>(row_stage_bytes(in_features));
+  if (weights.whole_chunk_loads(in_features))
+    linear_row_kernel<Weights, true><<<grid, kThreads, shared, stream>>>(args, weights);
+  else
+    linear_row_kernel<Weights, false><<<grid, kThreads, shared, stream>>>(args, weights);
   return cudaGetLastError();
 }
 
@@ -745,11 +816,8 @@ template <typename Weights>
 cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                             const Weights& weights, const LinearMmaWorkspace& workspace,
                             const LinearMmaTuning& tuning, cudaStream_t stream) {
-  if (x.rows == 1 && tuning.one_row_kernel && row_stage_bytes(in_features) <= kRowMaxStageBytes) {
-    if (rows_aligned_to_float4(x))
-      return launch_row<Weights, true>(out, x, out_features, in_features, weights, workspace, tuning, stream);
-    return launch_row<Weights, false>(out, x, out_features, in_features, weights, workspace, tuning, stream);
-  }
+  if (x.rows == 1 && tuning.one_row_kernel && row_stage_bytes(in_features) <= kRowMaxStageBytes)
+    return launch_row(out, x, out_features, in_features, weights, workspace, tuning, stream);
   if (x.rows <= 8)
     return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
   return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);

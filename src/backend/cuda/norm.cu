@@ -68,8 +68,10 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
   const int64_t first = static_cast<int64_t>(blockIdx.x) * quads * 4;
   float* in = x + t * x_stride + first;
   const float* side = kInput == NormInput::Plain ? nullptr : z + t * z_stride + first;
-  // The gate is loaded with x, before the block's reduction, so that both loads are in flight at once.
+  // The gate and the norm weight are loaded with x, before the block's reduction, so that all loads are in
+  // flight at once (a load after the reduction would be a second round trip).
   float4 values[kQuads], gates[kGated ? kQuads : 1];
+  float scales[kQuads][4];
   float sum_of_squares = 0.0f;
 #pragma unroll
   for (int k = 0; k < kQuads; ++k) {
@@ -77,6 +79,8 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
     if (q >= quads) break;
     float4 v = load4(in + 4 * q);
     if constexpr (kGated) gates[k] = load4(side + 4 * q);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) scales[k][e] = weight_offset + to_float(weight[4 * q + e]);
     if constexpr (kInput == NormInput::Residual) {
       const float4 d = load4(side + 4 * q);
       v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
@@ -106,11 +110,10 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
     float r[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float scale = weight_offset + to_float(weight[4 * q + e]);
       if constexpr (kGated)
-        r[e] = scale * (v[e] * inverse_rms) * silu(gate[e]);
+        r[e] = scales[k][e] * (v[e] * inverse_rms) * silu(gate[e]);
       else
-        r[e] = v[e] * inverse_rms * scale;
+        r[e] = v[e] * inverse_rms * scales[k][e];
     }
     store4(y + 4 * q, make_float4(r[0], r[1], r[2], r[3]));
   }
