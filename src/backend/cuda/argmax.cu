@@ -93,9 +93,9 @@ cudaError_t launch_argmax(const Tensor& out_ids, const Tensor& logits, void* wor
   if (logits.rows == 0) return cudaSuccess;
   const int slices = slices_of(logits.cols);
   auto* partials = static_cast<Candidate*>(workspace);
-  const cudaError_t status =
-      launch_kernel(argmax_slices_kernel, dim3(static_cast<unsigned>(slices), static_cast<unsigned>(logits.rows)),
-                    kThreads, 0, stream, partials, logits.ptr<float>(), logits.stride, logits.cols);
+  const cudaError_t status = launch_kernel(
+      argmax_slices_kernel, dim3(static_cast<unsigned>(slices), static_cast<unsigned>(logits.rows)), kThreads,
+      0, stream, partials, logits.ptr<float>(), logits.stride, logits.cols);
   if (status != cudaSuccess) return status;
   return launch_kernel(argmax_combine_kernel, static_cast<unsigned>(logits.rows), kWarpSize, 0, stream,
                        out_ids.ptr<int32_t>(), out_ids.stride, partials, slices);

@@ -121,8 +121,8 @@ cudaError_t launch_sized(const Tensor& out, const Tensor& x, const Tensor& state
   const dim3 grid(static_cast<unsigned>((x.rows + kTokensPerThread - 1) / kTokensPerThread),
                   static_cast<unsigned>((x.cols + kBlock - 1) / kBlock));
   return launch_kernel(conv1d_silu_kernel<W, kKernel>, grid, kBlock, 0, stream, out.ptr<float>(), out.stride,
-                       x.ptr<const float>(), x.stride, state.ptr<float>(), state.stride, weight.ptr<const W>(),
-                       weight.stride, x.cols, x.rows, update_state);
+                       x.ptr<const float>(), x.stride, state.ptr<float>(), state.stride,
+                       weight.ptr<const W>(), weight.stride, x.cols, x.rows, update_state);
 }
 
 template <typename W>

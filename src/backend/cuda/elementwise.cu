@@ -104,8 +104,8 @@ cudaError_t launch_split_query_gate(const Tensor& query, const Tensor& gate, con
                                     cudaStream_t stream) {
   if (query.numel() == 0) return cudaSuccess;
   return launch_kernel(split_query_gate_kernel, grid_for(query.numel(), kBlock), kBlock, 0, stream,
-                       query.ptr<float>(), query.stride, gate.ptr<float>(), gate.stride, qg.ptr<const float>(),
-                       qg.stride, qg.rows, query.cols, head_dim);
+                       query.ptr<float>(), query.stride, gate.ptr<float>(), gate.stride,
+                       qg.ptr<const float>(), qg.stride, qg.rows, query.cols, head_dim);
 }
 
 }  // namespace qspec::cuda

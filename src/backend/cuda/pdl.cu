@@ -18,7 +18,8 @@ __global__ void pdl_probe_kernel() {
 }
 
 bool decide() {
-  if (const char* setting = std::getenv("QSPEC_PDL"); setting && std::string_view(setting) == "0") return false;
+  if (const char* setting = std::getenv("QSPEC_PDL"); setting && std::string_view(setting) == "0")
+    return false;
   cudaFuncAttributes attributes{};
   check_cuda(cudaFuncGetAttributes(&attributes, pdl_probe_kernel), "cudaFuncGetAttributes (PDL probe)");
   return attributes.ptxVersion >= 90;

@@ -1,7 +1,7 @@
 // Programmatic dependent launch (PDL, sm_90+): every kernel of the backend is launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization, so the GPU may start it while the kernel before it on the
-// stream (or in the captured step graph) is still running; its launch latency and prologue then overlap the
-// previous kernel's tail. The price is a rule every kernel obeys:
+// cudaLaunchAttributeProgrammaticStreamSerialization, so the GPU may start it while the kernel before it on
+// the stream (or in the captured step graph) is still running; its launch latency and prologue then overlap
+// the previous kernel's tail. The price is a rule every kernel obeys:
 //
 //   wait_for_previous_kernel() is the first statement of every kernel, executed by every thread before any
 //   global memory access and before any early return.
@@ -45,9 +45,10 @@ __device__ __forceinline__ void allow_next_kernel() {
 // call (CudaBackend's constructor makes it, outside any stream capture) and fixed for the process.
 bool programmatic_launch_enabled();
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...) with the PDL attribute when it is enabled; returns
-// the launch status. A failed launch's error is also taken off the runtime's last-error slot (as the
-// cudaGetLastError() after a <<<>>> launch did), so no later caller (cuBLAS checks it) sees it again.
+// Launches kernel(args...) on `stream` (the triple-chevron launch's grid, block and dynamic shared bytes)
+// with the PDL attribute when it is enabled; returns the launch status. A failed launch's error is also
+// taken off the runtime's last-error slot (as the cudaGetLastError() after a chevron launch did), so no later
+// caller (cuBLAS checks it) sees it again.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                           cudaStream_t stream, Args&&... args) {

@@ -91,8 +91,8 @@ cudaError_t launch_windowed_attention(const Tensor& out, const Tensor& q, const 
   if (q.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned int>(q.rows), static_cast<unsigned int>(num_heads));
   const size_t shared = sizeof(float) * (static_cast<size_t>(head_dim) + kThreads + kThreads / kWarpSize);
-  return launch_kernel(windowed_attention_kernel, grid, kThreads, shared, stream, out.ptr<float>(), out.stride,
-                       q.ptr<const float>(), q.stride, k_cache.ptr<const float>(), k_cache.stride,
+  return launch_kernel(windowed_attention_kernel, grid, kThreads, shared, stream, out.ptr<float>(),
+                       out.stride, q.ptr<const float>(), q.stride, k_cache.ptr<const float>(), k_cache.stride,
                        v_cache.ptr<const float>(), v_cache.stride, key_begin.ptr<const int32_t>(),
                        key_end.ptr<const int32_t>(), k_cache.rows, num_heads / num_kv_heads, head_dim, scale);
 }
