@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build-cuda
-BUNDLE=$BUILD/gpu-bundle
+BUNDLE=${QSPEC_BUNDLE:-$BUILD/gpu-bundle}  # another bundle (e.g. a branch's, for an A/B run) by QSPEC_BUNDLE
 
 pack() {
   export PATH="$PATH:/usr/local/cuda/bin"

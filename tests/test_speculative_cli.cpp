@@ -108,6 +108,17 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   const nlohmann::json& e2e = record.at("end_to_end");
   ASSERT_EQ(e2e.size(), 4u);  // plain, then 1, 5, 16 tokens per step
   EXPECT_EQ(e2e[0]["acceptance_length"], 0);
+  // One timed request per case: its prefill and its steps (the first token comes from the prefill, each step
+  // emits the measured tokens) fit in the request's time, and take most of it.
+  for (const nlohmann::json& r : e2e) {
+    const double prefill = r["median_prefill_ms"].get<double>(), step = r["median_step_ms"].get<double>();
+    const double step_count =
+        (r["new_tokens"].get<double>() - 1) / r["measured_acceptance_length"].get<double>();
+    EXPECT_GT(prefill, 0.0);
+    EXPECT_GT(step, 0.0);
+    EXPECT_LE(prefill + step * step_count, r["median_ms"].get<double>() * 1.001);
+    EXPECT_GE(prefill + step * step_count, 0.5 * r["median_ms"].get<double>());
+  }
   for (size_t i = 1; i < e2e.size(); ++i) {
     const int requested = e2e[i]["acceptance_length"].get<int>();
     // The last step of a request may emit fewer tokens (max_tokens), so the mean is at most the requested.

@@ -81,6 +81,9 @@ struct EndToEndResult {
   int acceptance = 0;  // 0: plain decoding
   std::vector<double> ms;
   double mean_acceptance_length = 0;
+  // Per timed request: the prefill, and the decode time per step (a speculative step, or one plain token
+  // after the first); a speculative step's time less its verify and commit steps is the per-step overhead.
+  std::vector<double> prefill_ms, step_ms;
 };
 
 double median(std::vector<double> values) {
@@ -151,21 +154,26 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
         auto start = std::chrono::steady_clock::now();
         const GenerationResult g = request();
         backend.synchronize();
-        if (i >= args.warmups) r.ms.push_back(elapsed_ms(start));
+        if (i >= args.warmups) {
+          r.ms.push_back(elapsed_ms(start));
+          r.prefill_ms.push_back(g.prefill_seconds * 1e3);
+          const size_t steps = g.steps.empty() ? g.tokens.size() - 1 : g.steps.size();
+          if (steps > 0) r.step_ms.push_back(g.decode_seconds * 1e3 / double(steps));
+        }
         if (!g.steps.empty())
           r.mean_acceptance_length =
               double(g.accepted_tokens + int64_t(g.steps.size())) / double(g.steps.size());
         expected = g.tokens;
       }
     };
-    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0};
+    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0, {}, {}};
     time_requests(plain, [&] { return generate(model, *state, prompt, options); });
     results.push_back(plain);
     const std::vector<int32_t> greedy = expected;
     for (int acceptance : args.acceptance) {
       SpeculativeOptions spec;
       spec.oracle_drafts = oracle_for_acceptance(greedy, acceptance, c.vocab_size);
-      EndToEndResult r{int(prompt.size()), options.max_tokens, acceptance, {}, 0.0};
+      EndToEndResult r{int(prompt.size()), options.max_tokens, acceptance, {}, 0.0, {}, {}};
       time_requests(r, [&] { return generate_speculative(model, *state, nullptr, prompt, options, spec); });
       results.push_back(r);
     }
@@ -306,19 +314,24 @@ void run_bench(const BenchArgs& args) {
 
   if (args.e2e) {
     record["end_to_end"] = nlohmann::json::array();
-    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10}\n", "prompt", "new", "acceptance", "median ms",
-               "decode tok/s", "measured");
+    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9}\n", "prompt", "new", "acceptance",
+               "median ms", "decode tok/s", "measured", "prefill ms", "ms/step");
     for (const EndToEndResult& r : run_end_to_end(args, model, backend)) {
       const double ms = median(r.ms);
+      const double step_ms = r.step_ms.empty() ? 0.0 : median(r.step_ms);
       const std::string acceptance = r.acceptance == 0 ? "plain" : std::to_string(r.acceptance);
-      fmt::print("{:<8} {:>6} {:>11} {:>11.2f} {:>12.1f} {:>10.2f}\n", r.prompt_tokens, r.new_tokens,
-                 acceptance, ms, r.new_tokens / (ms * 1e-3), r.mean_acceptance_length);
+      fmt::print("{:<8} {:>6} {:>11} {:>11.2f} {:>12.1f} {:>10.2f} {:>11.2f} {:>9.3f}\n", r.prompt_tokens,
+                 r.new_tokens, acceptance, ms, r.new_tokens / (ms * 1e-3), r.mean_acceptance_length,
+                 median(r.prefill_ms), step_ms);
       record["end_to_end"].push_back({{"prompt_tokens", r.prompt_tokens},
                                       {"new_tokens", r.new_tokens},
                                       {"acceptance_length", r.acceptance},
                                       {"measured_acceptance_length", r.mean_acceptance_length},
                                       {"median_ms", ms},
-                                      {"ms", r.ms}});
+                                      {"ms", r.ms},
+                                      {"median_prefill_ms", median(r.prefill_ms)},
+                                      {"median_step_ms", step_ms},
+                                      {"step_ms", r.step_ms}});
     }
   }
 

@@ -331,8 +331,8 @@ class CudaBackend final : public Backend {
     check_gdn_commit_args(layers, shape);
     for (size_t i = 0; i < layers.size(); ++i)
       if (layers[i].conv_state.cols > kMaxConvKernel - 1)
-        fail("gdn_commit: layers[{}].conv_state has {} columns, expected at most {} (kernel sizes up to {})", i,
-             layers[i].conv_state.cols, kMaxConvKernel - 1, kMaxConvKernel);
+        fail("gdn_commit: layers[{}].conv_state has {} columns, expected at most {} (kernel sizes up to {})",
+             i, layers[i].conv_state.cols, kMaxConvKernel - 1, kMaxConvKernel);
     if (shape.key_head_dim > kGdnRecurrentMaxKeyDim)
       fail("gdn_commit: key_head_dim {} is above the CUDA backend's {}", shape.key_head_dim,
            kGdnRecurrentMaxKeyDim);
@@ -370,7 +370,8 @@ class CudaBackend final : public Backend {
     const LinearMmaWorkspaceSize size = linear_mma_workspace_size(rows, w.out_features, w.in_features);
     grow(linear_partials_, size.partial_floats * sizeof(float));
     if (grow(linear_counters_, size.counters * sizeof(unsigned)))
-      check_cuda(cudaMemset(linear_counters_.data(), 0, linear_counters_.bytes()), "linear counters");
+      check_cuda(cudaMemsetAsync(linear_counters_.data(), 0, linear_counters_.bytes(), stream()),
+                 "linear counters");
     return {static_cast<float*>(linear_partials_.data()), static_cast<unsigned*>(linear_counters_.data())};
   }
 
