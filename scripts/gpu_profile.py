@@ -35,7 +35,7 @@ def ncu_kernels(cmd, log):
             continue
         name = re.sub(r"<.*", "", row["Kernel Name"]).split("::")[-1]
         kernels.append((name, float(row["Metric Value"].replace(",", "")) / 1000.0))  # ns -> us
-    return kernels, proc.stdout
+    return kernels
 
 
 def period(names, repeats, shortest=1, trailing=0):
@@ -74,7 +74,7 @@ def main():
     report = {}
     prompt = ",".join(str(1000 + (i * 7919) % 50000) for i in range(2048))
     new = 4
-    kernels, _ = ncu_kernels([qspec, "generate", "--model", target, "--backend", "cuda", "--ignore-eos",
+    kernels = ncu_kernels([qspec, "generate", "--model", target, "--backend", "cuda", "--ignore-eos",
                               "--prompt-ids", prompt, "-n", str(new)], "/tmp/ncu_plain.csv")
     names = [k for k, _ in kernels]
     found = period(names, new - 1)
@@ -93,7 +93,7 @@ def main():
         with open("/tmp/oracle.json", "w") as f:
             json.dump(tokens, f)
         steps = 5
-        kernels, _ = ncu_kernels([qspec, "generate", "--model", target, "--backend", "cuda", "--ignore-eos",
+        kernels = ncu_kernels([qspec, "generate", "--model", target, "--backend", "cuda", "--ignore-eos",
                                   "--prompt-ids", short, "-n", str(1 + 16 * steps), "--draft-model", drafter,
                                   "--draft-oracle", "/tmp/oracle.json"], "/tmp/ncu_spec.csv")
         names = [k for k, _ in kernels]

@@ -90,15 +90,16 @@ struct Bench {
     return t;
   }
 
-  // Seconds per call of `run`.
-  double time(const std::function<void()>& run) {
+  // Seconds per call of `run`; `wait` waits for the work it queued (by default the backend's stream).
+  double time(const std::function<void()>& run, const std::function<void()>& wait = {}) {
+    auto finish = [&] { wait ? wait() : backend.synchronize(); };
     for (int i = 0; i < 3; ++i) run();
-    backend.synchronize();
+    finish();
     std::vector<double> trials;
     for (int trial = 0; trial < kTrials; ++trial) {
       const auto start = std::chrono::steady_clock::now();
       for (int rep = 0; rep < kReps; ++rep) run();
-      backend.synchronize();
+      finish();
       trials.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
                        kReps);
     }
@@ -157,24 +158,16 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
            {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, chunks}) {
         for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor}) {
           const cuda::LinearMmaTuning tuning{per_split, grid};
-          // Launched on the default stream (not the backend's), so timed here with device synchronizations.
-          auto run = [&] {
-            for (const LinearWeight& w : weights)
-              cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
-                               "linear_mma sweep");
-          };
-          run();
-          cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep");
-          std::vector<double> trials;
-          for (int trial = 0; trial < kTrials; ++trial) {
-            const auto start = std::chrono::steady_clock::now();
-            for (int rep = 0; rep < kReps; ++rep) run();
-            cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep");
-            trials.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-                             (kReps * kMatrices));
-          }
-          std::sort(trials.begin(), trials.end());
-          const double seconds = trials[trials.size() / 2];
+          // Launched on the default stream (not the backend's), so waited for with device synchronizations.
+          const double seconds =
+              bench.time(
+                  [&] {
+                    for (const LinearWeight& w : weights)
+                      cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
+                                       "linear_mma sweep");
+                  },
+                  [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
+              kMatrices;
           const std::string name = fmt::format(
               "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}", rows, n, k,
               per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "items" : "528 walking");

@@ -1,4 +1,5 @@
-"""Writes a state dict as the safetensors files of a HF checkpoint: one file, or shards plus an index."""
+"""Writes a state dict as the safetensors files of a HF checkpoint: one file, or shards plus an index; and
+prints what a fixture generator measured."""
 
 import json
 from pathlib import Path
@@ -54,3 +55,11 @@ def write_safetensors(directory: Path, tensors: dict[str, torch.Tensor], shard_c
     index_path.write_text(json.dumps(index_document, indent=2) + "\n")
     written.append(index_path.name)
     return written
+
+
+def print_fixture_report(directory: Path, measured: dict) -> None:
+    """The measurements of the fixture just made (oracle checks, margins) and the bytes it takes on disk."""
+    for key, value in measured.items():
+        print(f"  {key}: {value:.3g}" if isinstance(value, float) else f"  {key}: {value}")
+    size = sum(p.stat().st_size for p in directory.iterdir())
+    print(f"  {size / 1e6:.2f} MB")

@@ -30,8 +30,8 @@ import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from checkpoint_files import write_safetensors  # noqa: E402
-from hf_oracle import ATTENTION_IMPLEMENTATION, text_model  # noqa: E402
+from checkpoint_files import print_fixture_report, write_safetensors  # noqa: E402
+from hf_oracle import ATTENTION_IMPLEMENTATION, full_forward, text_model  # noqa: E402
 
 SCRIPT = "tools/oracle/make_dflash_fixtures.py"
 BLOCK_SIZE = 16
@@ -203,24 +203,10 @@ class Drafter:
         return rms_norm(h[1:], w["norm.weight"]) @ self.head.T
 
 
-@torch.inference_mode()
 def target_rows(model, ids: list[int], layer_ids: list[int]):
     """Logits [T, V] and the concatenated residual stream after each layer in layer_ids [T, n * H] of one
     cache-free HF forward (the target's layer l output is hidden_states[l + 1] of dflash-system.md §1.3)."""
-    layers = text_model(model).layers
-    captured = {}
-
-    def capture(index):
-        def hook(_module, _inputs, output):
-            captured[index] = (output[0] if isinstance(output, tuple) else output)[0].clone()
-        return hook
-
-    handles = [layers[index].register_forward_hook(capture(index)) for index in layer_ids]
-    try:
-        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-    finally:
-        for handle in handles:
-            handle.remove()
+    logits, captured = full_forward(model, torch.tensor(ids), layer_ids)
     return logits, torch.cat([captured[index] for index in layer_ids], dim=-1)
 
 
@@ -332,11 +318,7 @@ def main() -> int:
     torch.set_num_threads(1)  # one reduction order, so reruns give the same bits
     for fixture in FIXTURES:
         print(f"{fixture.name}:")
-        measured = make_fixture(fixture, args.targets, args.out)
-        for key, value in measured.items():
-            print(f"  {key}: {value:.3g}" if isinstance(value, float) else f"  {key}: {value}")
-        size = sum(p.stat().st_size for p in (args.out / fixture.name).iterdir())
-        print(f"  {size / 1e6:.2f} MB")
+        print_fixture_report(args.out / fixture.name, make_fixture(fixture, args.targets, args.out))
     return 0
 
 

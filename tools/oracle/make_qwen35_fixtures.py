@@ -32,7 +32,7 @@ from transformers import (  # noqa: E402
     Qwen3_5TextConfig,
 )
 
-from checkpoint_files import write_safetensors  # noqa: E402
+from checkpoint_files import print_fixture_report, write_safetensors  # noqa: E402
 from hf_oracle import (  # noqa: E402
     ATTENTION_IMPLEMENTATION,
     assert_holds,
@@ -339,11 +339,7 @@ def main() -> int:
         if args.only and fixture.name not in args.only:
             continue
         print(f"{fixture.name}:")
-        measured = make_fixture(fixture, args.out)
-        for key, value in measured.items():
-            print(f"  {key}: {value:.3g}" if isinstance(value, float) else f"  {key}: {value}")
-        size = sum(p.stat().st_size for p in (args.out / fixture.name).iterdir())
-        print(f"  {size / 1e6:.2f} MB")
+        print_fixture_report(args.out / fixture.name, make_fixture(fixture, args.out))
     return 0
 
 

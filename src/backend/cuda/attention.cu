@@ -50,10 +50,6 @@ size_t align_up(size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-bool aligned_rows(const Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.rows <= 1 || t.stride % 4 == 0);
-}
-
 int splits_for(int64_t blocks, int64_t target_blocks, int64_t cache_rows, int64_t min_keys) {
   if (blocks >= target_blocks) return 1;
   int64_t splits = (target_blocks + blocks - 1) / blocks;
@@ -79,8 +75,8 @@ bool verify_mma_fits(int head_dim) {
 Plan plan_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                     int num_heads, int num_kv_heads, int head_dim) {
   const int64_t rows = q.rows * (num_heads / num_kv_heads);  // query rows per KV head
-  const bool vectorizable = head_dim % 4 == 0 && aligned_rows(out) && aligned_rows(q) &&
-                            aligned_rows(k_cache) && aligned_rows(v_cache);
+  const bool vectorizable = head_dim % 4 == 0 && rows_aligned_to_float4(out) && rows_aligned_to_float4(q) &&
+                            rows_aligned_to_float4(k_cache) && rows_aligned_to_float4(v_cache);
   Plan plan{};
   const int64_t cache_rows = k_cache.rows;
   if (vectorizable && rows <= kDecodeRows) {

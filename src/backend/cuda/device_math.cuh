@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "backend/tensor.h"
 #include "core/dtype.h"
 
 namespace qspec::cuda {
@@ -64,6 +65,19 @@ cudaError_t with_weight_type(DType dtype, Launch launch) {
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+// Grid (column blocks, rows) of a row-wise kernel; rows past grid.y's limit are taken in strides by the
+// kernel (for r = blockIdx.y; r < rows; r += gridDim.y), so no thread divides by the column count.
+inline dim3 column_blocks_by_rows(int64_t rows, int64_t cols, int64_t columns_per_block) {
+  constexpr int64_t kMaxGridRows = 65535;
+  return dim3(static_cast<unsigned>((cols + columns_per_block - 1) / columns_per_block),
+              static_cast<unsigned>(rows < kMaxGridRows ? rows : kMaxGridRows));
+}
+
+// Every row of t starts 16-byte aligned (float4 loads).
+inline bool rows_aligned_to_float4(const Tensor& t) {
+  return (t.rows <= 1 || t.stride % 4 == 0) && reinterpret_cast<uintptr_t>(t.data) % sizeof(float4) == 0;
 }
 
 // A grid-stride launch size for `count` independent elements.

@@ -14,7 +14,6 @@ constexpr int kBlock = 256;
 // add / silu_mul / sigmoid_mul: a block covers kRowBlock * kRowColumns columns of a row.
 constexpr int kRowBlock = 128;
 constexpr int kRowColumns = 4;
-constexpr int64_t kMaxGridRows = 65535;
 
 template <Elementwise kOp>
 __device__ inline float combine(float a, float b) {
@@ -50,10 +49,6 @@ __global__ void elementwise_kernel(float* out, int64_t out_stride, const float* 
   }
 }
 
-bool rows_aligned_to_float4(const Tensor& t) {
-  return (t.rows <= 1 || t.stride % 4 == 0) && reinterpret_cast<uintptr_t>(t.data) % sizeof(float4) == 0;
-}
-
 // qg row: per head h, head_dim query values then head_dim gate values.
 __global__ void split_query_gate_kernel(float* query, int64_t query_stride, float* gate, int64_t gate_stride,
                                         const float* qg, int64_t qg_stride, int64_t rows, int64_t half_cols,
@@ -74,8 +69,7 @@ __global__ void split_query_gate_kernel(float* query, int64_t query_stride, floa
 template <Elementwise kOp>
 cudaError_t launch_op(const Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t stream) {
   constexpr int kColumnsPerBlock = kRowBlock * kRowColumns;
-  const dim3 grid(static_cast<unsigned>((a.cols + kColumnsPerBlock - 1) / kColumnsPerBlock),
-                  static_cast<unsigned>(a.rows < kMaxGridRows ? a.rows : kMaxGridRows));
+  const dim3 grid = column_blocks_by_rows(a.rows, a.cols, kColumnsPerBlock);
   const bool aligned = a.cols % kRowColumns == 0 && rows_aligned_to_float4(out) &&
                        rows_aligned_to_float4(a) && rows_aligned_to_float4(b);
   const int cols = static_cast<int>(a.cols);

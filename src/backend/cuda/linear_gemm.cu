@@ -21,9 +21,8 @@ constexpr int kConvertColumns = 4;
 constexpr int kDequantizeBlock = 64;
 constexpr int kValuesPerWord = 8;
 
-// Grid (column blocks, rows) with rows beyond grid.y's limit taken in strides, so that no thread divides by
-// the column count. kAligned: 16-byte aligned source rows and a multiple of 4 columns (one float4 load and
-// one 8-byte store per thread); otherwise element by element.
+// Grid column_blocks_by_rows (device_math.cuh). kAligned: 16-byte aligned source rows and a multiple of 4
+// columns (one float4 load and one 8-byte store per thread); otherwise element by element.
 template <bool kAligned>
 __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t x_stride, int64_t rows,
                                     int cols) {
@@ -94,11 +93,8 @@ __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* pack
 cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, cudaStream_t stream) {
   if (x.numel() == 0) return cudaSuccess;
   constexpr int kColumnsPerBlock = kConvertBlock * kConvertColumns;
-  constexpr int64_t kMaxGridRows = 65535;
-  const dim3 grid(static_cast<unsigned>((x.cols + kColumnsPerBlock - 1) / kColumnsPerBlock),
-                  static_cast<unsigned>(x.rows < kMaxGridRows ? x.rows : kMaxGridRows));
-  const bool aligned = x.cols % kConvertColumns == 0 && x.stride % kConvertColumns == 0 &&
-                       reinterpret_cast<uintptr_t>(x.data) % sizeof(float4) == 0;
+  const dim3 grid = column_blocks_by_rows(x.rows, x.cols, kColumnsPerBlock);
+  const bool aligned = x.cols % kConvertColumns == 0 && rows_aligned_to_float4(x);
   auto* dst = static_cast<__nv_bfloat16*>(out);
   const int cols = static_cast<int>(x.cols);
   return launch_kernel(aligned ? rows_to_bf16_kernel<true> : rows_to_bf16_kernel<false>, grid, kConvertBlock,

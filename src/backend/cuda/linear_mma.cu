@@ -569,7 +569,7 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      groups * split.splits * passes,
                      workspace.partials,
                      workspace.counters};
-  const bool aligned_x = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && (x.rows <= 1 || x.stride % 4 == 0);
+  const bool aligned_x = rows_aligned_to_float4(x);
   if (aligned_x) return launch_mma_kernel<Weights, kHalves, true>(args, weights, tuning, stream);
   return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
 }

@@ -121,10 +121,6 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
   }
 }
 
-bool rows_aligned_to_float4(const Tensor& t) {
-  return (t.rows <= 1 || t.stride % 4 == 0) && reinterpret_cast<uintptr_t>(t.data) % sizeof(float4) == 0;
-}
-
 // Threads per block and quads per thread of the register kernel for a group of `quads` float4.
 struct QuadsShape {
   int threads, quads_per_thread;
