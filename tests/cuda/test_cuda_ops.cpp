@@ -3,20 +3,24 @@
 // rotary 64) and odd ones (M = 1, 3, 16, 65; K not a multiple of 256; T = 1, 63, 65; positions with offsets;
 // strided views). Every output is poisoned with NaN before each run. Error measure: max |gpu - cpu| / max
 // |cpu|; each op states its tolerance and why.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include "backend/cpu/gated_delta_rule.h"
 #include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/half.h"
 #include "op_check.h"
 
@@ -1183,6 +1187,58 @@ TEST(CudaOps, Argmax) {
                  std::vector<float>(gpu_ids.begin(), gpu_ids.end()),
                  std::vector<float>(cpu_ids.begin(), cpu_ids.end()), kExact);
   }
+}
+
+// Programmatic dependent launch (pdl.cuh): on an sm_90+ device (with the build's sm_90 code) every launch
+// carries the attribute unless QSPEC_PDL=0. A chain of kernels that each read what the one before wrote (or
+// overwrite what it read), with copies and fills (memcpy / memset nodes) between some of them, must count
+// exactly, run directly and replayed from a step graph. 16 MiB per tensor, so each kernel runs long enough
+// for a missing wait to show.
+TEST(CudaOps, DependentLaunchChain) {
+  int device = 0;
+  cudaDeviceProp properties{};
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaGetDeviceProperties(&properties, device), cudaSuccess);
+  const char* setting = std::getenv("QSPEC_PDL");
+  const bool switched_off = setting && std::string_view(setting) == "0";
+  EXPECT_EQ(cuda::programmatic_launch_enabled(), properties.major >= 9 && !switched_off)
+      << "compute capability " << properties.major << "." << properties.minor;
+
+  Backend& gpu = backends().gpu();
+  constexpr int64_t kRows = 64, kCols = 65536;
+  const auto make = [&] { return gpu.alloc(DType::F32, kRows, kCols); };
+  const std::unique_ptr<Buffer> x = make(), y = make(), ones = make();
+  gpu.write(ones->tensor(), std::vector<float>(size_t{kRows * kCols}, 1.0f).data());
+  constexpr int kSteps = 64;
+  constexpr int kIncrementsPerChain = kSteps + 2 * (kSteps / 8);
+  const auto chain = [&] {
+    const Tensor &tx = x->tensor(), &ty = y->tensor(), &tones = ones->tensor();
+    for (int i = 0; i < kSteps; ++i) {
+      gpu.add(tx, tx, tones);
+      if (i % 8 == 3) {  // y = x through a copy, x = y + 1
+        gpu.copy(ty, tx);
+        gpu.add(tx, ty, tones);
+      }
+      if (i % 8 == 5) {  // y = 0 + x after a fill, x = y + 1
+        gpu.fill_zero(ty);
+        gpu.add(ty, ty, tx);
+        gpu.add(tx, ty, tones);
+      }
+    }
+  };
+  const auto expect_count = [&](const std::string& name, int increments) {
+    expect_close("pdl", name, backends().read_gpu(x->tensor()),
+                 std::vector<float>(size_t{kRows * kCols}, static_cast<float>(increments)), kExact);
+  };
+  gpu.fill_zero(x->tensor());
+  chain();
+  expect_count(fmt::format("{} dependent adds, direct", kIncrementsPerChain), kIncrementsPerChain);
+  const std::unique_ptr<StepGraph> graph = gpu.capture(chain);
+  gpu.fill_zero(x->tensor());
+  constexpr int kReplays = 3;
+  for (int r = 0; r < kReplays; ++r) graph->launch();
+  expect_count(fmt::format("{} dependent adds, {} graph replays", kReplays * kIncrementsPerChain, kReplays),
+               kReplays * kIncrementsPerChain);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -42,6 +43,8 @@ __device__ Candidate warp_best(Candidate c) {
 }
 
 __global__ void argmax_slices_kernel(Candidate* partials, const float* logits, int64_t stride, int64_t cols) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   __shared__ Candidate warp_results[kThreads / kWarpSize];
   const int64_t row = blockIdx.y;
   const float* x = logits + row * stride;
@@ -64,6 +67,8 @@ __global__ void argmax_slices_kernel(Candidate* partials, const float* logits, i
 
 __global__ void argmax_combine_kernel(int32_t* out_ids, int64_t out_stride, const Candidate* partials,
                                       int slices) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int64_t row = blockIdx.x;
   Candidate best = no_candidate();
   for (int s = static_cast<int>(threadIdx.x); s < slices; s += kWarpSize) {
@@ -88,11 +93,12 @@ cudaError_t launch_argmax(const Tensor& out_ids, const Tensor& logits, void* wor
   if (logits.rows == 0) return cudaSuccess;
   const int slices = slices_of(logits.cols);
   auto* partials = static_cast<Candidate*>(workspace);
-  argmax_slices_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(logits.rows)), kThreads, 0,
-                         stream>>>(partials, logits.ptr<float>(), logits.stride, logits.cols);
-  argmax_combine_kernel<<<static_cast<unsigned>(logits.rows), kWarpSize, 0, stream>>>(
-      out_ids.ptr<int32_t>(), out_ids.stride, partials, slices);
-  return cudaGetLastError();
+  const cudaError_t status = launch_kernel(
+      argmax_slices_kernel, dim3(static_cast<unsigned>(slices), static_cast<unsigned>(logits.rows)), kThreads,
+      0, stream, partials, logits.ptr<float>(), logits.stride, logits.cols);
+  if (status != cudaSuccess) return status;
+  return launch_kernel(argmax_combine_kernel, static_cast<unsigned>(logits.rows), kWarpSize, 0, stream,
+                       out_ids.ptr<int32_t>(), out_ids.stride, partials, slices);
 }
 
 }  // namespace qspec::cuda

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/attention_kernels.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -121,6 +122,8 @@ __device__ inline float block_max(float v, float* scratch) {
 // w_s = exp(max_s - max); splits without keys for the row (sum 0, values 0) get weight 0. Warp w sums the
 // splits w, w + 8, ... for its 32 dims (lane = dim), so each thread has only splits / 8 loads, all in flight.
 __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(AttentionArgs a) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kMergeWarps = kMergeThreads / kWarpSize;
   __shared__ float weights[kMaxAttentionSplits];
   __shared__ float scratch[kMergeWarps];
@@ -165,6 +168,8 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Attentio
 // Few splits: thread = (query token, head, 4 dims); the splits' maxima and sums are read by every thread of
 // a (token, head) (cached), the values once.
 __global__ void __launch_bounds__(kMergeRowsThreads) attention_merge_rows_kernel(AttentionArgs a) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int chunks = (a.head_dim + 3) / 4;
   const int64_t item = blockIdx.x * int64_t{kMergeRowsThreads} + threadIdx.x;
   if (item >= a.tokens * a.num_heads * chunks) return;
@@ -253,14 +258,13 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
   if (status != cudaSuccess || plan.splits == 1) return status;
   if (plan.splits <= kMergeRowsMaxSplits) {
     const int64_t items = q.rows * num_heads * ((head_dim + 3) / 4);
-    attention_merge_rows_kernel<<<static_cast<unsigned>((items + kMergeRowsThreads - 1) / kMergeRowsThreads),
-                                  kMergeRowsThreads, 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch_kernel(attention_merge_rows_kernel,
+                         static_cast<unsigned>((items + kMergeRowsThreads - 1) / kMergeRowsThreads),
+                         kMergeRowsThreads, 0, stream, args);
   }
   const dim3 merge_grid(static_cast<unsigned>(q.rows * num_heads),
                         static_cast<unsigned>((head_dim + kWarpSize - 1) / kWarpSize));
-  attention_merge_kernel<<<merge_grid, kMergeThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch_kernel(attention_merge_kernel, merge_grid, kMergeThreads, 0, stream, args);
 }
 
 }  // namespace qspec::cuda

@@ -39,6 +39,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attention_kernels.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -81,6 +82,8 @@ __device__ inline int swizzled(int row, int chunk) {
 }
 
 __global__ void attention_key_count_kernel(AttentionArgs a, int* key_count) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   __shared__ int warp_max[32];
   int most = 0;
   for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
@@ -102,6 +105,8 @@ __global__ void attention_key_count_kernel(AttentionArgs a, int* key_count) {
 
 // Rows below the key count rounded up to the larger key tile; thread = one 8-dim chunk of one (row, KV head).
 __global__ void attention_split_kv_kernel(AttentionArgs a, SplitKvPlanes p) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int key_count = *p.key_count;
   const int64_t rows = (int64_t{key_count} + kPairKeyTile - 1) / kPairKeyTile * kPairKeyTile;
   const int chunks = p.padded_dim / 8;
@@ -159,6 +164,8 @@ __device__ void stage_query_tile(uint16_t* q_hi, uint16_t* q_lo, const Attention
 
 template <int kDim>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a, SplitKvPlanes p) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kChunks = kDim / 8;
   constexpr int kDimTiles = kDim / 8;
   extern __shared__ uint4 shared_words[];
@@ -321,6 +328,8 @@ __device__ inline void pair_barrier(int id) {
 template <int kDim>
 __global__ void __launch_bounds__(kPairThreads, 1)
     attention_prefill_pair_kernel(AttentionArgs a, SplitKvPlanes p) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kChunks = kDim / 8;
   constexpr int kHalfDim = kDim / 2;        // the dims of one warp's scores and outputs
   constexpr int kHalfTiles = kHalfDim / 8;  // its n8 output tiles
@@ -610,8 +619,8 @@ cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes
     if (attribute != cudaSuccess) return attribute;
     const int64_t row_tiles = (args.tokens * args.heads_per_kv + kPairRows - 1) / kPairRows;
     const dim3 grid(static_cast<unsigned>(row_tiles * args.num_kv_heads), static_cast<unsigned>(args.splits));
-    attention_prefill_pair_kernel<kDim><<<grid, kPairThreads, pair_shared_bytes, stream>>>(args, planes);
-    return cudaGetLastError();
+    return launch_kernel(attention_prefill_pair_kernel<kDim>, grid, kPairThreads, pair_shared_bytes, stream,
+                         args, planes);
   }
   constexpr size_t shared_bytes = sizeof(uint16_t) * 2 * (kRows + 2 * kKeyTile) * kDim;
   static const cudaError_t attribute =
@@ -620,23 +629,27 @@ cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes
   if (attribute != cudaSuccess) return attribute;
   const int64_t row_tiles = (args.tokens * args.heads_per_kv + kRows - 1) / kRows;
   const dim3 grid(static_cast<unsigned>(row_tiles * args.num_kv_heads), static_cast<unsigned>(args.splits));
-  attention_prefill_kernel<kDim><<<grid, kThreads, shared_bytes, stream>>>(args, planes);
-  return cudaGetLastError();
+  return launch_kernel(attention_prefill_kernel<kDim>, grid, kThreads, shared_bytes, stream, args, planes);
 }
 
 }  // namespace
 
 cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPlanes& planes,
                                      cudaStream_t stream) {
-  attention_key_count_kernel<<<1, 1024, 0, stream>>>(args, planes.key_count);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  if (const cudaError_t status =
+          launch_kernel(attention_key_count_kernel, 1, 1024, 0, stream, args, planes.key_count);
+      status != cudaSuccess)
+    return status;
   constexpr int kConvertBlock = 256;
   const int64_t items = planes.padded_rows * args.num_kv_heads * (planes.padded_dim / 8);
   const int64_t blocks = (items + kConvertBlock - 1) / kConvertBlock;
   constexpr int64_t kMaxConvertBlocks = 8 * 132;  // grid-stride beyond: a few waves of the largest GPU
-  attention_split_kv_kernel<<<static_cast<unsigned>(blocks < kMaxConvertBlocks ? blocks : kMaxConvertBlocks),
-                              kConvertBlock, 0, stream>>>(args, planes);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  if (const cudaError_t status =
+          launch_kernel(attention_split_kv_kernel,
+                        static_cast<unsigned>(blocks < kMaxConvertBlocks ? blocks : kMaxConvertBlocks),
+                        kConvertBlock, 0, stream, args, planes);
+      status != cudaSuccess)
+    return status;
   switch (planes.padded_dim) {
     case 64:
       return launch_prefill_kernel<64>(args, planes, stream);

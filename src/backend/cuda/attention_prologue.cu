@@ -5,6 +5,7 @@
 // attention layer. A position outside the cache skips the stores, as kv_store does.
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -59,6 +60,8 @@ __device__ void norm_and_rotate(float* dst, const float* src, const W* weight, f
 template <typename W>
 __global__ void attention_prologue_kernel(PrologueArgs a, const W* q_norm, const W* k_norm,
                                           RopeFrequencies frequencies) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   __shared__ float head[kMaxAttentionHeadDim];
   __shared__ float scratch[kBlock / kWarpSize];
   const int64_t t = blockIdx.x;
@@ -120,9 +123,8 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
                   static_cast<unsigned>(shape.num_heads + 2 * shape.num_kv_heads));
   return with_weight_type(q_norm.dtype, [&](auto type) {
     using W = decltype(type);
-    attention_prologue_kernel<W>
-        <<<grid, kBlock, 0, stream>>>(args, q_norm.ptr<const W>(), k_norm.ptr<const W>(), frequencies);
-    return cudaGetLastError();
+    return launch_kernel(attention_prologue_kernel<W>, grid, kBlock, 0, stream, args, q_norm.ptr<const W>(),
+                         k_norm.ptr<const W>(), frequencies);
   });
 }
 

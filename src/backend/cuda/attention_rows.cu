@@ -26,6 +26,7 @@
 
 #include "backend/cuda/attention_kernels.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -39,6 +40,8 @@ constexpr int kDecodeKeysPerStep = 4;
 constexpr int kDecodeChunksPerLane = kChunks / kWarpSize;  // 2
 
 __global__ void __launch_bounds__(kDecodeWarps* kWarpSize, 3) attention_decode_kernel(AttentionArgs a) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   __shared__ float warp_max[kDecodeWarps][kDecodeRows];
   __shared__ float warp_total[kDecodeWarps][kDecodeRows];
   __shared__ float4 warp_acc[kDecodeWarps][kDecodeRows][kChunks];
@@ -222,6 +225,8 @@ __device__ inline float reduce_scatter_8(const float (&v)[8], int lane) {
 }
 
 __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(AttentionArgs a) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   extern __shared__ float4 tiles[];  // [stage][K, V][key][chunk]
   const int kv = static_cast<int>(blockIdx.x);
   const int split = static_cast<int>(blockIdx.y);
@@ -402,10 +407,9 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
 }  // namespace
 
 cudaError_t launch_attention_decode(const AttentionArgs& args, cudaStream_t stream) {
-  attention_decode_kernel<<<dim3(static_cast<unsigned>(args.num_kv_heads),
-                                 static_cast<unsigned>(args.splits)),
-                            kDecodeWarps * kWarpSize, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch_kernel(attention_decode_kernel,
+                       dim3(static_cast<unsigned>(args.num_kv_heads), static_cast<unsigned>(args.splits)),
+                       kDecodeWarps * kWarpSize, 0, stream, args);
 }
 
 cudaError_t launch_attention_verify(const AttentionArgs& args, cudaStream_t stream) {
@@ -413,10 +417,9 @@ cudaError_t launch_attention_verify(const AttentionArgs& args, cudaStream_t stre
       cudaFuncSetAttribute(attention_verify_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(kVerifySharedBytes));
   if (attribute != cudaSuccess) return attribute;
-  attention_verify_kernel<<<dim3(static_cast<unsigned>(args.num_kv_heads),
-                                 static_cast<unsigned>(args.splits)),
-                            kVerifyThreads, kVerifySharedBytes, stream>>>(args);
-  return cudaGetLastError();
+  return launch_kernel(attention_verify_kernel,
+                       dim3(static_cast<unsigned>(args.num_kv_heads), static_cast<unsigned>(args.splits)),
+                       kVerifyThreads, kVerifySharedBytes, stream, args);
 }
 
 }  // namespace qspec::cuda

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attention_kernels.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -54,6 +55,8 @@ struct VerifyLayout {
 
 template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(AttentionArgs a) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   using Layout = VerifyLayout<kDim>;
   constexpr int kQueryStride = Layout::kQueryStride, kKeyStride = Layout::kKeyStride,
                 kValueStride = Layout::kValueStride;
@@ -285,10 +288,9 @@ cudaError_t launch_verify_mma(const AttentionArgs& args, cudaStream_t stream) {
       cudaFuncSetAttribute(attention_verify_mma_kernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes));
   if (attribute != cudaSuccess) return attribute;
-  attention_verify_mma_kernel<kDim>
-      <<<dim3(static_cast<unsigned>(args.num_kv_heads), static_cast<unsigned>(args.splits)), kThreads, bytes,
-         stream>>>(args);
-  return cudaGetLastError();
+  return launch_kernel(attention_verify_mma_kernel<kDim>,
+                       dim3(static_cast<unsigned>(args.num_kv_heads), static_cast<unsigned>(args.splits)),
+                       kThreads, bytes, stream, args);
 }
 
 }  // namespace

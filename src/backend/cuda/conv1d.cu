@@ -10,6 +10,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -26,6 +27,8 @@ template <typename W, int kKernel>
 __global__ void conv1d_silu_kernel(float* out, int64_t out_stride, const float* x, int64_t x_stride,
                                    float* state, int64_t state_stride, const W* weight, int64_t weight_stride,
                                    int64_t channels, int64_t tokens, bool update_state) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kHistory = kKernel - 1;
   constexpr int kWindow = kHistory + kTokensPerThread;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * kBlock + threadIdx.x;
@@ -70,6 +73,8 @@ __global__ void conv1d_silu_in_place_kernel(float* out, int64_t out_stride, cons
                                             float* state, int64_t state_stride, const W* weight,
                                             int64_t weight_stride, int64_t channels, int64_t tokens,
                                             bool update_state) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kHistory = kKernel - 1;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
@@ -109,17 +114,15 @@ template <typename W, int kKernel>
 cudaError_t launch_sized(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
                          bool update_state, cudaStream_t stream) {
   if (overlaps(out, x)) {
-    conv1d_silu_in_place_kernel<W, kKernel><<<grid_for(x.cols, kBlock), kBlock, 0, stream>>>(
-        out.ptr<float>(), out.stride, x.ptr<const float>(), x.stride, state.ptr<float>(), state.stride,
-        weight.ptr<const W>(), weight.stride, x.cols, x.rows, update_state);
-    return cudaGetLastError();
+    return launch_kernel(conv1d_silu_in_place_kernel<W, kKernel>, grid_for(x.cols, kBlock), kBlock, 0, stream,
+                         out.ptr<float>(), out.stride, x.ptr<const float>(), x.stride, state.ptr<float>(),
+                         state.stride, weight.ptr<const W>(), weight.stride, x.cols, x.rows, update_state);
   }
   const dim3 grid(static_cast<unsigned>((x.rows + kTokensPerThread - 1) / kTokensPerThread),
                   static_cast<unsigned>((x.cols + kBlock - 1) / kBlock));
-  conv1d_silu_kernel<W, kKernel><<<grid, kBlock, 0, stream>>>(
-      out.ptr<float>(), out.stride, x.ptr<const float>(), x.stride, state.ptr<float>(), state.stride,
-      weight.ptr<const W>(), weight.stride, x.cols, x.rows, update_state);
-  return cudaGetLastError();
+  return launch_kernel(conv1d_silu_kernel<W, kKernel>, grid, kBlock, 0, stream, out.ptr<float>(), out.stride,
+                       x.ptr<const float>(), x.stride, state.ptr<float>(), state.stride,
+                       weight.ptr<const W>(), weight.stride, x.cols, x.rows, update_state);
 }
 
 template <typename W>

@@ -12,6 +12,7 @@
 #include "backend/cuda/device_resources.h"
 #include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -77,6 +78,8 @@ class CudaBackend final : public Backend {
     check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
     device_name_ = properties.name;
     stream_ = std::make_unique<CudaStream>();
+    // Decided here, before any launch can be inside a stream capture (pdl.cuh).
+    static_cast<void>(programmatic_launch_enabled());
   }
 
   std::string name() const override { return "cuda"; }

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -29,6 +30,8 @@ __device__ inline float combine(float a, float b) {
 template <Elementwise kOp, bool kAligned>
 __global__ void elementwise_kernel(float* out, int64_t out_stride, const float* a, int64_t a_stride,
                                    const float* b, int64_t b_stride, int64_t rows, int cols) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int c = (static_cast<int>(blockIdx.x) * kRowBlock + static_cast<int>(threadIdx.x)) * kRowColumns;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -50,6 +53,8 @@ __global__ void elementwise_kernel(float* out, int64_t out_stride, const float* 
 __global__ void split_query_gate_kernel(float* query, int64_t query_stride, float* gate, int64_t gate_stride,
                                         const float* qg, int64_t qg_stride, int64_t rows, int64_t half_cols,
                                         int head_dim) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int64_t count = rows * half_cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -68,15 +73,9 @@ cudaError_t launch_op(const Tensor& out, const Tensor& a, const Tensor& b, cudaS
   const bool aligned = a.cols % kRowColumns == 0 && rows_aligned_to_float4(out) &&
                        rows_aligned_to_float4(a) && rows_aligned_to_float4(b);
   const int cols = static_cast<int>(a.cols);
-  if (aligned)
-    elementwise_kernel<kOp, true>
-        <<<grid, kRowBlock, 0, stream>>>(out.ptr<float>(), out.stride, a.ptr<const float>(), a.stride,
-                                         b.ptr<const float>(), b.stride, a.rows, cols);
-  else
-    elementwise_kernel<kOp, false>
-        <<<grid, kRowBlock, 0, stream>>>(out.ptr<float>(), out.stride, a.ptr<const float>(), a.stride,
-                                         b.ptr<const float>(), b.stride, a.rows, cols);
-  return cudaGetLastError();
+  return launch_kernel(aligned ? elementwise_kernel<kOp, true> : elementwise_kernel<kOp, false>, grid,
+                       kRowBlock, 0, stream, out.ptr<float>(), out.stride, a.ptr<const float>(), a.stride,
+                       b.ptr<const float>(), b.stride, a.rows, cols);
 }
 
 }  // namespace
@@ -98,10 +97,9 @@ cudaError_t launch_elementwise(Elementwise op, const Tensor& out, const Tensor& 
 cudaError_t launch_split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim,
                                     cudaStream_t stream) {
   if (query.numel() == 0) return cudaSuccess;
-  split_query_gate_kernel<<<grid_for(query.numel(), kBlock), kBlock, 0, stream>>>(
-      query.ptr<float>(), query.stride, gate.ptr<float>(), gate.stride, qg.ptr<const float>(), qg.stride,
-      qg.rows, query.cols, head_dim);
-  return cudaGetLastError();
+  return launch_kernel(split_query_gate_kernel, grid_for(query.numel(), kBlock), kBlock, 0, stream,
+                       query.ptr<float>(), query.stride, gate.ptr<float>(), gate.stride,
+                       qg.ptr<const float>(), qg.stride, qg.rows, query.cols, head_dim);
 }
 
 }  // namespace qspec::cuda

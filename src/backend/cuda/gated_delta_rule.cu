@@ -20,6 +20,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gdn_recurrence.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -39,6 +40,8 @@ __global__ void __launch_bounds__(kThreads)
                                       int64_t g_stride, float* state, int64_t state_stride, int64_t tokens,
                                       int num_key_heads, int num_value_heads, int dk, int dv,
                                       float query_scale, bool update_state) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kMaxKeyDim = kRowsPerThread * kRowGroups;
   constexpr int kKeysPerThread = (kMaxKeyDim + kThreads - 1) / kThreads;
   __shared__ float query[kMaxKeyDim], key[kMaxKeyDim];
@@ -158,6 +161,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int kRows, bool kOutputs>
 __global__ void __launch_bounds__(gdn::kThreads)
     gated_delta_rule_warp_kernel(gdn::RecurrenceArgs args, gdn::Dims dims, bool update_state) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   gdn::recurrence_slab<kRows, kOutputs>(args, dims, static_cast<int>(blockIdx.x),
                                         static_cast<int>(blockIdx.y), update_state);
 }
@@ -187,23 +192,19 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                     static_cast<unsigned int>(gdn::slabs(value_head_dim)));
     return gdn::with_rows_per_lane(key_head_dim, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      if (out.empty())
-        gated_delta_rule_warp_kernel<kRows, false>
-            <<<grid, gdn::kThreads, 0, stream>>>(args, dims, update_state);
-      else
-        gated_delta_rule_warp_kernel<kRows, true>
-            <<<grid, gdn::kThreads, 0, stream>>>(args, dims, update_state);
-      return cudaGetLastError();
+      return launch_kernel(out.empty() ? gated_delta_rule_warp_kernel<kRows, false>
+                                       : gated_delta_rule_warp_kernel<kRows, true>,
+                           grid, gdn::kThreads, 0, stream, args, dims, update_state);
     });
   }
   const dim3 grid(static_cast<unsigned int>(num_value_heads),
                   static_cast<unsigned int>((value_head_dim + kColumns - 1) / kColumns));
   const auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream>>>(
-        out.ptr<float>(), out.stride, qkv.ptr<const float>(), qkv.stride, beta.ptr<const float>(),
-        beta.stride, g.ptr<const float>(), g.stride, state.ptr<float>(), state.stride, qkv.rows,
-        num_key_heads, num_value_heads, key_head_dim, value_head_dim, query_scale, update_state);
-    return cudaGetLastError();
+    return launch_kernel(kernel, grid, kThreads, 0, stream, out.ptr<float>(), out.stride,
+                         qkv.ptr<const float>(), qkv.stride, beta.ptr<const float>(), beta.stride,
+                         g.ptr<const float>(), g.stride, state.ptr<float>(), state.stride, qkv.rows,
+                         num_key_heads, num_value_heads, key_head_dim, value_head_dim, query_scale,
+                         update_state);
   };
   if (key_head_dim <= 4 * kRowGroups) return launch(gated_delta_rule_recurrent_kernel<4>);
   if (key_head_dim <= 8 * kRowGroups) return launch(gated_delta_rule_recurrent_kernel<8>);

@@ -39,6 +39,7 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -206,6 +207,8 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     gdn_chunk_prepare_kernel(const float* qkv, int64_t qkv_stride, const float* beta, int64_t beta_stride,
                              const float* g, int64_t g_stride, int64_t tokens, int num_key_heads,
                              int num_value_heads, int dk, int dv, float query_scale, ChunkWorkspace ws) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   using L = PrepareLayout<D>;
   constexpr int ld = L::kRowLd;
   constexpr int kPrepareWarps = prepare_warps<D>(), kPrepareThreads = kPrepareWarps * kWarpSize;
@@ -491,6 +494,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     gdn_chunk_state_kernel(float* out, int64_t out_stride, const float* state_in, int64_t state_in_stride,
                            float* state_out, int64_t state_out_stride, int64_t tokens, int dk, int dv,
                            ChunkWorkspace ws) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   using L = StateLayout<D>;
   constexpr int kKeyTiles = D / 16;           // k16 steps of X = [W; Q'] S
   constexpr int kTokenTiles = kChunk / 16;    // k16 steps of the state update
@@ -696,23 +701,27 @@ cudaError_t launch_chunked(const Tensor& out, const Tensor& qkv, const Tensor& b
     const int64_t segment_tokens = tokens - first < kSegmentTokens ? tokens - first : kSegmentTokens;
     const int chunks = static_cast<int>((segment_tokens + kChunk - 1) / kChunk);
     const ChunkWorkspace ws = chunk_workspace(workspace, num_value_heads * chunks, D);
-    gdn_chunk_prepare_kernel<D><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(num_value_heads)),
-                                  prepare_warps<D>() * kWarpSize, prepare_shared_bytes<D>(), stream>>>(
+    const cudaError_t prepare_status = launch_kernel(
+        gdn_chunk_prepare_kernel<D>,
+        dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(num_value_heads)),
+        prepare_warps<D>() * kWarpSize, prepare_shared_bytes<D>(), stream,
         qkv.ptr<const float>() + first * qkv.stride, qkv.stride,
         beta.ptr<const float>() + first * beta.stride, beta.stride, g.ptr<const float>() + first * g.stride,
         g.stride, segment_tokens, num_key_heads, num_value_heads, dk, dv, query_scale, ws);
+    if (prepare_status != cudaSuccess) return prepare_status;
     const bool carried_in = segment > 0 && !update_state, last = segment + 1 == segments;
     const float* state_in = carried_in ? carried_state : state.ptr<const float>();
     const int64_t state_in_stride = carried_in ? carried_stride : state.stride;
     float* state_out = update_state ? state.ptr<float>() : (last ? nullptr : carried_state);
     const int64_t state_out_stride = update_state ? state.stride : carried_stride;
-    gdn_chunk_state_kernel<D>
-        <<<dim3(static_cast<unsigned>(num_value_heads), static_cast<unsigned>((dv + kSlab - 1) / kSlab)),
-           kThreads, state_shared_bytes<D>(), stream>>>(out.ptr<float>() + first * out.stride, out.stride,
-                                                        state_in, state_in_stride, state_out,
-                                                        state_out_stride, segment_tokens, dk, dv, ws);
+    const cudaError_t state_status = launch_kernel(
+        gdn_chunk_state_kernel<D>,
+        dim3(static_cast<unsigned>(num_value_heads), static_cast<unsigned>((dv + kSlab - 1) / kSlab)),
+        kThreads, state_shared_bytes<D>(), stream, out.ptr<float>() + first * out.stride, out.stride,
+        state_in, state_in_stride, state_out, state_out_stride, segment_tokens, dk, dv, ws);
+    if (state_status != cudaSuccess) return state_status;
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/gdn_recurrence.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/ops.h"
 
 namespace qspec::cuda {
@@ -36,6 +37,8 @@ struct CommitBatch {
 template <int kRows>
 __global__ void __launch_bounds__(gdn::kThreads)
     gdn_commit_kernel(CommitBatch batch, gdn::Dims dims, int recurrence_blocks, int slabs) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const CommitLayerArgs layer = batch.layers[blockIdx.y];  // the fields used, read from the parameters
   const int block = static_cast<int>(blockIdx.x);
   if (block < recurrence_blocks) {
@@ -106,9 +109,8 @@ cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int nu
                     static_cast<unsigned int>(batch_layers));
     if (grid.x == 0) continue;
     const auto launch = [&](auto rows) {
-      gdn_commit_kernel<decltype(rows)::value>
-          <<<grid, gdn::kThreads, 0, stream>>>(batch, dims, recurrence_blocks, slabs);
-      return cudaGetLastError();
+      return launch_kernel(gdn_commit_kernel<decltype(rows)::value>, grid, gdn::kThreads, 0, stream, batch,
+                           dims, recurrence_blocks, slabs);
     };
     const cudaError_t status = any_recurrence ? gdn::with_rows_per_lane(key_head_dim, launch)
                                               : launch(std::integral_constant<int, 1>{});

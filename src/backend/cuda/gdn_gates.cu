@@ -5,6 +5,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -34,6 +35,8 @@ template <typename LogRate, typename Bias>
 __global__ void gdn_gates_kernel(float* beta, int64_t beta_stride, float* g, int64_t g_stride, const float* b,
                                  int64_t b_stride, const float* a, int64_t a_stride, const LogRate* a_log,
                                  const Bias* dt_bias, int64_t rows, int64_t heads) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int64_t count = rows * heads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -53,6 +56,8 @@ __global__ void __launch_bounds__(kLinearBlock)
                             int64_t x_stride, int rows, int64_t chunks, const __nv_bfloat16* w_b,
                             int64_t w_b_stride, const __nv_bfloat16* w_a, int64_t w_a_stride,
                             const LogRate* a_log, const Bias* dt_bias) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int64_t h = blockIdx.x;
   const auto* b_weights = reinterpret_cast<const uint4*>(w_b + h * w_b_stride);
   const auto* a_weights = reinterpret_cast<const uint4*>(w_a + h * w_a_stride);
@@ -112,11 +117,10 @@ cudaError_t launch_gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& 
     return with_weight_type(dt_bias.dtype, [&](auto bias_type) {
       using LogRate = decltype(log_rate_type);
       using Bias = decltype(bias_type);
-      gdn_gates_kernel<LogRate, Bias><<<grid_for(b.numel(), kBlock), kBlock, 0, stream>>>(
-          beta.ptr<float>(), beta.stride, g.ptr<float>(), g.stride, b.ptr<const float>(), b.stride,
-          a.ptr<const float>(), a.stride, a_log.ptr<const LogRate>(), dt_bias.ptr<const Bias>(), b.rows,
-          b.cols);
-      return cudaGetLastError();
+      return launch_kernel(gdn_gates_kernel<LogRate, Bias>, grid_for(b.numel(), kBlock), kBlock, 0, stream,
+                           beta.ptr<float>(), beta.stride, g.ptr<float>(), g.stride, b.ptr<const float>(),
+                           b.stride, a.ptr<const float>(), a.stride, a_log.ptr<const LogRate>(),
+                           dt_bias.ptr<const Bias>(), b.rows, b.cols);
     });
   });
 }
@@ -138,13 +142,12 @@ cudaError_t launch_gdn_gates_linear(const Tensor& beta, const Tensor& g, const T
     return with_weight_type(dt_bias.dtype, [&](auto bias_type) {
       using LogRate = decltype(log_rate_type);
       using Bias = decltype(bias_type);
-      gdn_gates_linear_kernel<LogRate, Bias>
-          <<<static_cast<unsigned int>(w_b.out_features), kLinearBlock, 0, stream>>>(
-              beta.ptr<float>(), beta.stride, g.ptr<float>(), g.stride, x.ptr<const float>(), x.stride,
-              static_cast<int>(x.rows), x.cols / kChunk, w_b.weight.ptr<const __nv_bfloat16>(),
-              w_b.weight.stride, w_a.weight.ptr<const __nv_bfloat16>(), w_a.weight.stride,
-              a_log.ptr<const LogRate>(), dt_bias.ptr<const Bias>());
-      return cudaGetLastError();
+      return launch_kernel(
+          gdn_gates_linear_kernel<LogRate, Bias>, static_cast<unsigned int>(w_b.out_features), kLinearBlock,
+          0, stream, beta.ptr<float>(), beta.stride, g.ptr<float>(), g.stride, x.ptr<const float>(), x.stride,
+          static_cast<int>(x.rows), x.cols / kChunk, w_b.weight.ptr<const __nv_bfloat16>(), w_b.weight.stride,
+          w_a.weight.ptr<const __nv_bfloat16>(), w_a.weight.stride, a_log.ptr<const LogRate>(),
+          dt_bias.ptr<const Bias>());
     });
   });
 }

@@ -1,6 +1,7 @@
 // The thin host launchers of the CUDA kernels, one group per .cu file. Arguments are already validated by
-// CudaBackend (cuda_backend.cpp); each launcher queues its kernel(s) on `stream` and returns the launch
-// status (cudaGetLastError()). Row strides come from the Tensors, so strided views work everywhere.
+// CudaBackend (cuda_backend.cpp); each launcher queues its kernel(s) on `stream` through launch_kernel()
+// (pdl.cuh: programmatic dependent launch on sm_90+) and returns the launch status. Row strides come from the
+// Tensors, so strided views work everywhere.
 #pragma once
 
 #include <cuda_runtime.h>

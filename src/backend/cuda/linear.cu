@@ -8,6 +8,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -100,6 +101,8 @@ __device__ inline void load_x(const float* p, float (&v)[kWidth]) {
 template <typename WeightSource, bool kAlignedX>
 __global__ void linear_kernel(float* out, int64_t out_stride, const float* x, int64_t x_stride, int64_t rows,
                               int64_t out_features, WeightSource weights) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kWidth = WeightSource::kWidth;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -143,9 +146,9 @@ cudaError_t launch(const Tensor& out, const Tensor& x, int64_t out_features, con
                    cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>((out_features + kFeaturesPerBlock - 1) / kFeaturesPerBlock),
                   static_cast<unsigned int>((x.rows + kRowsPerBlock - 1) / kRowsPerBlock));
-  linear_kernel<WeightSource, kAlignedX><<<grid, kFeaturesPerBlock * kWarpSize, 0, stream>>>(
-      out.ptr<float>(), out.stride, x.ptr<const float>(), x.stride, x.rows, out_features, weights);
-  return cudaGetLastError();
+  return launch_kernel(linear_kernel<WeightSource, kAlignedX>, grid, kFeaturesPerBlock * kWarpSize, 0, stream,
+                       out.ptr<float>(), out.stride, x.ptr<const float>(), x.stride, x.rows, out_features,
+                       weights);
 }
 
 template <typename WeightSource>

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -25,6 +26,8 @@ constexpr int kValuesPerWord = 8;
 template <bool kAligned>
 __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t x_stride, int64_t rows,
                                     int cols) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int c =
       (static_cast<int>(blockIdx.x) * kConvertBlock + static_cast<int>(threadIdx.x)) * kConvertColumns;
   if (c >= cols) return;
@@ -55,6 +58,8 @@ template <typename S>
 __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* packed, int64_t packed_stride,
                                         const S* scales, int64_t scales_stride, int group_size,
                                         int64_t first_row, int64_t words_per_row) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kDequantizeBlock + threadIdx.x;
   if (w >= words_per_row) return;
   const int64_t r = blockIdx.y;
@@ -92,13 +97,8 @@ cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, cudaStream_t stream)
   const bool aligned = x.cols % kConvertColumns == 0 && rows_aligned_to_float4(x);
   auto* dst = static_cast<__nv_bfloat16*>(out);
   const int cols = static_cast<int>(x.cols);
-  if (aligned)
-    rows_to_bf16_kernel<true>
-        <<<grid, kConvertBlock, 0, stream>>>(dst, x.ptr<const float>(), x.stride, x.rows, cols);
-  else
-    rows_to_bf16_kernel<false>
-        <<<grid, kConvertBlock, 0, stream>>>(dst, x.ptr<const float>(), x.stride, x.rows, cols);
-  return cudaGetLastError();
+  return launch_kernel(aligned ? rows_to_bf16_kernel<true> : rows_to_bf16_kernel<false>, grid, kConvertBlock,
+                       0, stream, dst, x.ptr<const float>(), x.stride, x.rows, cols);
 }
 
 cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,
@@ -108,10 +108,9 @@ cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t fi
     using S = decltype(type);
     const dim3 grid(static_cast<unsigned>((words_per_row + kDequantizeBlock - 1) / kDequantizeBlock),
                     static_cast<unsigned>(rows));
-    dequantize_w4a16_kernel<S><<<grid, kDequantizeBlock, 0, stream>>>(
-        static_cast<__nv_bfloat16*>(out), w.packed.ptr<const uint32_t>(), w.packed.stride,
-        w.scales.ptr<const S>(), w.scales.stride, w.group_size, first_row, words_per_row);
-    return cudaGetLastError();
+    return launch_kernel(dequantize_w4a16_kernel<S>, grid, kDequantizeBlock, 0, stream,
+                         static_cast<__nv_bfloat16*>(out), w.packed.ptr<const uint32_t>(), w.packed.stride,
+                         w.scales.ptr<const S>(), w.scales.stride, w.group_size, first_row, words_per_row);
   });
 }
 

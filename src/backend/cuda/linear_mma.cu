@@ -31,6 +31,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -451,6 +452,8 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
 template <typename Weights, int kHalves, bool kAlignedX>
 __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     linear_mma_kernel(MmaArgs a, Weights weights) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr int kTiles = Weights::tiles_per_warp(kHalves);
   constexpr int kStageChunks = Weights::stage_chunks(kTiles);
   constexpr int kStageK = kStageChunks * kChunkK;
@@ -739,9 +742,8 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
   // faster at any W4A16 shape of the 4B and up to 25% slower at 16 rows (bench/results/cuda-ops-notes.md).
   const int64_t blocks =
       tuning.grid_blocks > 0 && tuning.grid_blocks < args.items ? tuning.grid_blocks : args.items;
-  linear_mma_kernel<Weights, kHalves, kAlignedX>
-      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, weights);
-  return cudaGetLastError();
+  return launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(blocks),
+                       kThreads, 0, stream, args, weights);
 }
 
 template <typename Weights, int kHalves>

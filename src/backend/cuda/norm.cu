@@ -10,6 +10,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -26,6 +27,8 @@ template <typename W, NormInput kInput>
 __global__ void rmsnorm_kernel(float* out, int64_t out_stride, float* x, int64_t x_stride, const W* weight,
                                const float* z, int64_t z_stride, int64_t group, float eps,
                                float weight_offset) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr bool kGated = kInput == NormInput::Gated;
   __shared__ float scratch[kBlock / kWarpSize];
   const int64_t t = blockIdx.y;
@@ -62,6 +65,8 @@ template <typename W, NormInput kInput, int kQuads>
 __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, int64_t x_stride,
                                      const W* weight, const float* z, int64_t z_stride, int quads, float eps,
                                      float weight_offset) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   constexpr bool kGated = kInput == NormInput::Gated;
   __shared__ float scratch[kBlock / kWarpSize];
   const int64_t t = blockIdx.y;
@@ -130,12 +135,12 @@ QuadsShape quads_shape(int64_t quads) {
 }
 
 template <typename W, NormInput kInput, int kQuads>
-void launch_quads(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
-                  float weight_offset, int threads, cudaStream_t stream) {
+cudaError_t launch_quads(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
+                         float weight_offset, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(x.cols / weight.cols), static_cast<unsigned int>(x.rows));
-  rmsnorm_quads_kernel<W, kInput, kQuads><<<grid, threads, 0, stream>>>(
-      out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
-      z.stride, static_cast<int>(weight.cols / 4), eps, weight_offset);
+  return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads>, grid, threads, 0, stream, out.ptr<float>(),
+                       out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
+                       z.stride, static_cast<int>(weight.cols / 4), eps, weight_offset);
 }
 
 template <NormInput kInput>
@@ -153,19 +158,16 @@ cudaError_t launch_norm(const Tensor& out, const Tensor& x, const Tensor& weight
     if (quads) {
       static_assert(kMaxQuadsPerThread == 8, "one case per register kernel");
       if (shape.quads_per_thread <= 1)
-        launch_quads<W, kInput, 1>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
-      else if (shape.quads_per_thread <= 2)
-        launch_quads<W, kInput, 2>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
-      else if (shape.quads_per_thread <= 4)
-        launch_quads<W, kInput, 4>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
-      else
-        launch_quads<W, kInput, 8>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
-      return cudaGetLastError();
+        return launch_quads<W, kInput, 1>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      if (shape.quads_per_thread <= 2)
+        return launch_quads<W, kInput, 2>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      if (shape.quads_per_thread <= 4)
+        return launch_quads<W, kInput, 4>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+      return launch_quads<W, kInput, 8>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
     }
-    rmsnorm_kernel<W, kInput><<<grid, kBlock, 0, stream>>>(
-        out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
-        z.stride, weight.cols, eps, weight_offset);
-    return cudaGetLastError();
+    return launch_kernel(rmsnorm_kernel<W, kInput>, grid, kBlock, 0, stream, out.ptr<float>(), out.stride,
+                         x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(), z.stride,
+                         weight.cols, eps, weight_offset);
   });
 }
 

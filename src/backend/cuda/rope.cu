@@ -3,6 +3,7 @@
 // angle = float(position) * inv_freq[i] is the same fp32 product on both backends.
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -13,6 +14,8 @@ constexpr int kBlock = 256;
 __global__ void rope_kernel(float* x, int64_t x_stride, const int32_t* positions, int64_t positions_stride,
                             int64_t rows, int64_t heads, int head_dim, int half,
                             RopeFrequencies frequencies) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int64_t count = rows * heads * half;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -36,10 +39,9 @@ cudaError_t launch_rope(const Tensor& x, const Tensor& positions, int head_dim, 
   const int64_t heads = x.cols / head_dim;
   const int64_t count = x.rows * heads * half;
   if (count == 0) return cudaSuccess;
-  rope_kernel<<<grid_for(count, kBlock), kBlock, 0, stream>>>(
-      x.ptr<float>(), x.stride, positions.ptr<const int32_t>(), positions.stride, x.rows, heads, head_dim,
-      half, frequencies);
-  return cudaGetLastError();
+  return launch_kernel(rope_kernel, grid_for(count, kBlock), kBlock, 0, stream, x.ptr<float>(), x.stride,
+                       positions.ptr<const int32_t>(), positions.stride, x.rows, heads, head_dim, half,
+                       frequencies);
 }
 
 }  // namespace qspec::cuda

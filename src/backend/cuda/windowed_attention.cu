@@ -5,6 +5,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
 
@@ -28,6 +29,8 @@ __global__ void windowed_attention_kernel(float* out, int64_t out_stride, const 
                                           const float* k_cache, int64_t k_stride, const float* v_cache,
                                           int64_t v_stride, const int32_t* key_begin, const int32_t* key_end,
                                           int64_t cache_rows, int heads_per_kv, int head_dim, float scale) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   extern __shared__ float shared[];
   float* query = shared;                // [head_dim]
   float* weights = query + head_dim;    // [kThreads]
@@ -88,11 +91,10 @@ cudaError_t launch_windowed_attention(const Tensor& out, const Tensor& q, const 
   if (q.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned int>(q.rows), static_cast<unsigned int>(num_heads));
   const size_t shared = sizeof(float) * (static_cast<size_t>(head_dim) + kThreads + kThreads / kWarpSize);
-  windowed_attention_kernel<<<grid, kThreads, shared, stream>>>(
-      out.ptr<float>(), out.stride, q.ptr<const float>(), q.stride, k_cache.ptr<const float>(),
-      k_cache.stride, v_cache.ptr<const float>(), v_cache.stride, key_begin.ptr<const int32_t>(),
-      key_end.ptr<const int32_t>(), k_cache.rows, num_heads / num_kv_heads, head_dim, scale);
-  return cudaGetLastError();
+  return launch_kernel(windowed_attention_kernel, grid, kThreads, shared, stream, out.ptr<float>(),
+                       out.stride, q.ptr<const float>(), q.stride, k_cache.ptr<const float>(), k_cache.stride,
+                       v_cache.ptr<const float>(), v_cache.stride, key_begin.ptr<const int32_t>(),
+                       key_end.ptr<const int32_t>(), k_cache.rows, num_heads / num_kv_heads, head_dim, scale);
 }
 
 }  // namespace qspec::cuda

@@ -1,0 +1,35 @@
+// The process-wide choice of programmatic dependent launch (pdl.cuh).
+#include <cstdlib>
+#include <string_view>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace qspec::cuda {
+
+namespace {
+
+// Never launched: compiled with the same architectures as every kernel of the backend, its attributes say
+// which virtual architecture the code the device runs was built for (a build for sm_80 alone runs on an
+// H200 through the compute_80 PTX, whose kernels have no griddepcontrol.wait).
+__global__ void pdl_probe_kernel() {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+}
+
+bool decide() {
+  if (const char* setting = std::getenv("QSPEC_PDL"); setting && std::string_view(setting) == "0")
+    return false;
+  cudaFuncAttributes attributes{};
+  check_cuda(cudaFuncGetAttributes(&attributes, pdl_probe_kernel), "cudaFuncGetAttributes (PDL probe)");
+  return attributes.ptxVersion >= 90;
+}
+
+}  // namespace
+
+bool programmatic_launch_enabled() {
+  static const bool enabled = decide();
+  return enabled;
+}
+
+}  // namespace qspec::cuda

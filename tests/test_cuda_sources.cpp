@@ -1,0 +1,78 @@
+// The rule of programmatic dependent launch (src/backend/cuda/pdl.cuh), checked on the sources so that CI,
+// which has no GPU, catches a kernel that would race with the one before it: every __global__ function's body
+// starts with wait_for_previous_kernel(); allow_next_kernel(); and no launch bypasses launch_kernel() (a
+// triple-chevron launch would carry no PDL attribute and slip past the review of this rule).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kCudaSources = fs::path(QSPEC_SOURCE_DIR) / "backend" / "cuda";
+
+// The file's text with // comments removed (the rule's own description mentions what it forbids).
+std::string code_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::string code, line;
+  while (std::getline(in, line)) code += line.substr(0, line.find("//")) + "\n";
+  return code;
+}
+
+std::vector<fs::path> cuda_sources() {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(kCudaSources)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext == ".cu" || ext == ".cuh" || ext == ".cpp" || ext == ".h") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string without_spaces(std::string text) {
+  std::erase_if(text, [](unsigned char c) { return std::isspace(c); });
+  return text;
+}
+
+int line_of(const std::string& code, size_t pos) {
+  return 1 +
+         static_cast<int>(std::count(code.begin(), code.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
+}
+
+TEST(CudaSources, EveryKernelWaitsForThePreviousOneFirst) {
+  const std::string prologue = "wait_for_previous_kernel();allow_next_kernel();";
+  int kernels = 0;
+  for (const fs::path& file : cuda_sources()) {
+    const std::string code = code_of(file);
+    for (size_t at = code.find("__global__"); at != std::string::npos; at = code.find("__global__", at + 1)) {
+      ++kernels;
+      const size_t body = code.find('{', at);
+      ASSERT_NE(body, std::string::npos) << file << ":" << line_of(code, at);
+      const std::string start = without_spaces(code.substr(body + 1, 4 * prologue.size()));
+      EXPECT_TRUE(start.starts_with(prologue))
+          << file.filename().string() << ":" << line_of(code, at)
+          << ": a kernel's first statements must be wait_for_previous_kernel(); allow_next_kernel(); "
+             "(pdl.cuh)";
+    }
+  }
+  EXPECT_GT(kernels, 0) << "no __global__ function found under " << kCudaSources;
+}
+
+TEST(CudaSources, EveryLaunchGoesThroughLaunchKernel) {
+  for (const fs::path& file : cuda_sources()) {
+    const std::string code = code_of(file);
+    const size_t chevrons = code.find("<<<");
+    EXPECT_EQ(chevrons, std::string::npos)
+        << file.filename().string() << ":" << line_of(code, chevrons)
+        << ": launch through launch_kernel() (pdl.cuh), which adds the PDL attribute";
+  }
+}
+
+}  // namespace
