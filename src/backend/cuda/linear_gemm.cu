@@ -26,8 +26,7 @@ constexpr int kValuesPerWord = 8;
 template <bool kAligned>
 __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t x_stride, int64_t rows,
                                     int cols) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
+  wait_for_previous_kernel();  // no early allow_next_kernel(): cuBLAS comes next (pdl.cuh)
   const int c =
       (static_cast<int>(blockIdx.x) * kConvertBlock + static_cast<int>(threadIdx.x)) * kConvertColumns;
   if (c >= cols) return;
@@ -58,8 +57,7 @@ template <typename S>
 __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* packed, int64_t packed_stride,
                                         const S* scales, int64_t scales_stride, int group_size,
                                         int64_t first_row, int64_t words_per_row) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
+  wait_for_previous_kernel();  // no early allow_next_kernel(): cuBLAS comes next (pdl.cuh)
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kDequantizeBlock + threadIdx.x;
   if (w >= words_per_row) return;
   const int64_t r = blockIdx.y;

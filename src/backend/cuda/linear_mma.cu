@@ -452,8 +452,6 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
 template <typename Weights, int kHalves, bool kAlignedX>
 __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     linear_mma_kernel(MmaArgs a, Weights weights) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
   constexpr int kTiles = Weights::tiles_per_warp(kHalves);
   constexpr int kStageChunks = Weights::stage_chunks(kTiles);
   constexpr int kStageK = kStageChunks * kChunkK;
@@ -491,7 +489,9 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   MmaItem item = mma_item(a, item_index);
   int64_t stage = item.first_chunk;
   Loaded current[kStageChunks][kTiles] = {}, next[kStageChunks][kTiles] = {};
-  load_stage(item.group, stage, item.end_chunk, current);
+  load_stage(item.group, stage, item.end_chunk, current);  // weights only: before the wait (pdl.cuh)
+  wait_for_previous_kernel();
+  allow_next_kernel();
   float acc[kTiles][kHalves][4] = {};
   for (;;) {
     int64_t next_index = item_index, next_stage = stage + kStageChunks;
@@ -631,7 +631,9 @@ __global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weig
   if (loading.unit < a.units) rows_of_tile();
   typename Weights::Loaded ring[kDepth];
 #pragma unroll
-  for (int j = 0; j < kDepth; ++j) load_next(ring[j]);
+  for (int j = 0; j < kDepth; ++j) load_next(ring[j]);  // weights only: before the wait (pdl.cuh)
+  wait_for_previous_kernel();
+  allow_next_kernel();
   uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_row_storage);
   const int x_groups = static_cast<int>(a.chunks * kChunkK / 8);
   if (a.x_aligned)
@@ -808,10 +810,8 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
   const dim3 grid(static_cast<unsigned>(needed < resident ? needed : resident));
   const auto shared = static_cast<size_t>(row_stage_bytes(in_features));
   if (weights.whole_chunk_loads(in_features))
-    linear_row_kernel<Weights, true><<<grid, kThreads, shared, stream>>>(args, weights);
-  else
-    linear_row_kernel<Weights, false><<<grid, kThreads, shared, stream>>>(args, weights);
-  return cudaGetLastError();
+    return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
+  return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args, weights);
 }
 
 template <typename Weights>

@@ -1,4 +1,5 @@
 // The process-wide choice of programmatic dependent launch (pdl.cuh).
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
@@ -25,11 +26,22 @@ bool decide() {
   return attributes.ptxVersion >= 90;
 }
 
+int64_t decide_max_blocks() {
+  if (const char* setting = std::getenv("QSPEC_PDL_MAX_BLOCKS"); setting && *setting)
+    return std::strtoll(setting, nullptr, 10);
+  return 0;
+}
+
 }  // namespace
 
 bool programmatic_launch_enabled() {
   static const bool enabled = decide();
   return enabled;
+}
+
+int64_t programmatic_launch_max_blocks() {
+  static const int64_t max_blocks = decide_max_blocks();
+  return max_blocks;
 }
 
 }  // namespace qspec::cuda

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace qspec::cuda {
@@ -45,6 +46,19 @@ __device__ __forceinline__ void allow_next_kernel() {
 // call (CudaBackend's constructor makes it, outside any stream capture) and fixed for the process.
 bool programmatic_launch_enabled();
 
+// The largest grid (in blocks) launched with the attribute; 0: any. QSPEC_PDL_MAX_BLOCKS sets it, for
+// measuring which kernels gain from an early start (one that fills the GPU for several waves only holds SM
+// slots with its waiting blocks while the previous grid drains).
+int64_t programmatic_launch_max_blocks();
+
+// The kernels that make cuBLAS's operands (linear_gemm.cu) only wait: cuBLAS launches its GEMMs with the
+// attribute itself, and an early allow_next_kernel() let a persistent GEMM's blocks sit on the SMs, waiting,
+// while these many-wave kernels still ran (prefill 2048 went from 44 to 51 ms on the H200).
+//
+// Kernels whose first global reads are of weights may issue those before wait_for_previous_kernel(): no
+// kernel writes a weight, so the loads overlap the previous grid's tail. Nothing else (activations, state,
+// workspaces) is touched before the wait.
+
 // Launches kernel(args...) on `stream` (the triple-chevron launch's grid, block and dynamic shared bytes)
 // with the PDL attribute when it is enabled; returns the launch status. A failed launch's error is also
 // taken off the runtime's last-error slot (as the cudaGetLastError() after a chevron launch did), so no later
@@ -61,7 +75,9 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  const int64_t max_blocks = programmatic_launch_max_blocks();
+  const auto blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  config.numAttrs = programmatic_launch_enabled() && (max_blocks == 0 || blocks <= max_blocks) ? 1 : 0;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (status != cudaSuccess) static_cast<void>(cudaGetLastError());
   return status;
