@@ -11,6 +11,9 @@
 #   scripts/gpu.sh run             on the GPU machine (device `run`, carry ["build-cuda/gpu-bundle"]):
 #                                  GPU op + end-to-end tests, then the op timings; JSON under $OUT, a table last
 #   scripts/gpu.sh record DIR      here: copy the JSON that came back (DIR = files_at) into bench/results/
+#   scripts/gpu.sh archive DIR...  here: bundles (QSPEC_BUNDLE=build-cuda/gpu-bundle-X pack) into one archive
+#   scripts/gpu.sh ab              on the GPU machine (carry ["build-cuda/bundles.tgz"]): tests and step
+#                                  times of every bundle in it, for comparing branches in one call
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build-cuda
@@ -140,12 +143,61 @@ record() {
   ls bench/results | grep "$stamp"
 }
 
+# Several bundles in one archive (they share libraries; three are ~28 MB together, under the 64 MiB carry).
+archive() {
+  [ "$#" -gt 0 ] || { echo "usage: scripts/gpu.sh archive BUNDLE_DIR..." >&2; exit 2; }
+  local names=()
+  for dir in "$@"; do names+=("$(basename "$dir")"); done
+  tar czf "$BUILD/bundles.tgz" -C "$BUILD" "${names[@]}"
+  du -sh "$BUILD/bundles.tgz"
+}
+
+# On the GPU machine, carrying build-cuda/bundles.tgz: for each bundle in it, the GPU tests, the W4A16
+# linear timings (QSPEC_AB_OPS=0 skips them) and the decode / verify / draft steps of the 4B (shorter than a
+# full run: no memcheck, no end-to-end protocol). The steps per bundle come last; logs go to $OUT/ab.tgz.
+ab() {
+  : "${OUT:?OUT must name the folder for results (set by the device tool)}"
+  tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
+  local work=/tmp/ab target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
+  mkdir -p "$work"
+  local bundles
+  bundles=$(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p')
+  for bundle in $bundles; do
+    bundle=$BUILD/$bundle
+    local name
+    name=$(basename "$bundle")-$(cat "$bundle/COMMIT")
+    export LD_LIBRARY_PATH="$PWD/$bundle:/usr/local/cuda/lib64"
+    local status=0
+    QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 >"$work/$name-tests.log" 2>&1 ||
+      status=$?
+    echo "$name: cuda tests exit $status ($(grep -c '^\[  FAILED' "$work/$name-tests.log" || true) failed)"
+    [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
+    [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
+    if [ "${QSPEC_AB_OPS:-1}" = 1 ]; then  # the op bench (~60 s a bundle, its linear sweep included)
+      "$bundle/qspec_cuda_bench" "$work/$name-ops.json" >"$work/$name-ops.log" 2>&1 || echo "$name: op bench failed"
+    fi
+    "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" --prefill 64,2048 \
+      --out "$work/$name-records" >"$work/$name-steps.log" 2>&1 || echo "$name: qspec bench failed"
+  done
+  tar czf "$OUT/ab.tgz" -C "$work" .
+  for log in "$work"/*-steps.log; do
+    echo "== $(basename "$log" -steps.log)"
+    grep -E '^(decode|verify|draft|commit|prefill)' "$log" || true
+    grep -E '^linear W4A16 g(32|128) M=' "${log%-steps.log}-ops.log" 2>/dev/null || true
+  done
+}
+
 case "${1:-}" in
   pack) pack ;;
   run) run_on_gpu ;;
   record) record "${2:-}" ;;
+  archive)
+    shift
+    archive "$@"
+    ;;
+  ab) ab ;;
   *)
-    echo "usage: scripts/gpu.sh pack | run | record FILES_AT" >&2
+    echo "usage: scripts/gpu.sh pack | run | record FILES_AT | archive BUNDLE_DIR... | ab" >&2
     exit 2
     ;;
 esac
