@@ -566,8 +566,8 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 // warps, ..., keeping kRowRingDepth chunks of weights in flight across unit boundaries, with no barrier after
 // the staging. The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same
 // way, so a row's result equals that of a many-row call bit for bit. The last warp to finish a tile's split
-// adds the splits' partials in split order; a warp learns that from its counter ticket one unit later, so the
-// atomic's round trip does not stall the stream.
+// adds the splits' partials in split order; a warp takes its tickets (fence + atomic) only when its stream
+// has ended, as a fence would wait for the loads in flight.
 struct RowArgs {
   float* out;
   const float* x;
