@@ -295,55 +295,6 @@ TEST(CudaOps, LinearW4A16) {
   }
 }
 
-// A decode step's row and the same row inside a 16-row verify call go through different kernels (the one-row
-// stream and the many-row tiles) with the same split of K and the same sums: equal bit for bit. Split K (K
-// 9216; N 9216 at K 2560), a last tile past N (1000), x rows 16-byte aligned and not (a view one column in).
-TEST(CudaOps, LinearOneRowEqualsRowOfManyRowCall) {
-  std::mt19937 rng(61);
-  auto& b = backends();
-  struct Case {
-    int64_t n, k;
-    int group;  // 0: BF16 weights
-  };
-  for (const Case& c :
-       {Case{9216, 2560, 32}, Case{2560, 9216, 128}, Case{1000, 2624, 32}, Case{2560, 9216, 0}}) {
-    LinearWeight w{c.n, c.k, {}, {}, {}, c.group};
-    WeightPair weight, packed, scales;
-    if (c.group == 0) {
-      weight = b.weight(DType::BF16, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
-      w.weight = weight.gpu;
-    } else {
-      std::uniform_int_distribution<uint32_t> words(0, std::numeric_limits<uint32_t>::max());
-      std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
-      for (size_t i = 0; i < packed_bytes.size(); i += 4) {
-        const uint32_t word = words(rng);
-        std::memcpy(&packed_bytes[i], &word, 4);
-      }
-      packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
-      scales =
-          b.weight(DType::BF16, c.n, c.k / c.group, random_floats(rng, c.n * (c.k / c.group), 0.002f, 0.02f));
-      w.packed = packed.gpu;
-      w.scales = scales.gpu;
-    }
-    const TensorPair wide = b.activation(16, c.k + 4, random_floats(rng, 16 * (c.k + 4), -1.0f, 1.0f));
-    for (int64_t offset : {4, 1}) {
-      const Tensor x = wide.gpu().cols_view(offset, c.k);
-      TensorPair many = b.poisoned(16, c.n);
-      b.gpu().linear(many.gpu(), x, w);
-      const std::vector<float> all_rows = b.read_gpu(many.gpu());
-      for (int64_t r : {0, 5, 15}) {
-        TensorPair one = b.poisoned(1, c.n);
-        b.gpu().linear(one.gpu(), x.rows_view(r, 1), w);
-        const std::vector<float> row = b.read_gpu(one.gpu());
-        const std::vector<float> expected(all_rows.begin() + r * c.n, all_rows.begin() + (r + 1) * c.n);
-        for (float v : row) ASSERT_TRUE(std::isfinite(v)) << c.n << "x" << c.k << " row " << r;
-        EXPECT_EQ(std::memcmp(row.data(), expected.data(), row.size() * sizeof(float)), 0)
-            << "N=" << c.n << " K=" << c.k << " group " << c.group << " x offset " << offset << " row " << r;
-      }
-    }
-  }
-}
-
 // The GEMM's x operand (rows_to_bf16 of linear_gemm.cu), bit-exact against round-to-nearest-even on the host:
 // float4 rows (16-byte aligned, columns a multiple of 4) and element-wise ones (odd column counts, a view
 // starting one column in), 1 to 70,000 rows (beyond grid.y's 65,535).
@@ -424,30 +375,46 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
 }
 
 // Speculative decoding needs a row's result not to depend on the other rows of the call: the verify step's
-// rows must equal the decode steps' exactly. The tensor-core linear, 16 rows at once vs each row alone, for
-// W4A16 with split K and for BF16.
+// rows must equal the decode steps' exactly, although one row goes through the one-row kernel and 16 through
+// the many-row one (the same split of K and the same sums in both). 16 rows at once vs each row alone: W4A16
+// g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) and BF16, with x rows
+// 16-byte aligned and not (a view one column in).
 TEST(CudaOps, LinearRowsIndependentOfBatch) {
   std::mt19937 rng(61);
   auto& b = backends();
-  const int64_t n = 2560, k = 9216, rows = 16;
-  std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
-  for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-  const WeightPair packed = b.weight(DType::I32, n, k / 8, std::move(packed_bytes));
-  const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
-  const WeightPair dense = b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f));
-  const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32};
-  const LinearWeight bf16{n, k, dense.gpu, {}, {}, 0};
-  const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
-  for (const LinearWeight* w : {&quantized, &bf16}) {
-    TensorPair together = b.poisoned(rows, n), alone = b.poisoned(rows, n);
-    b.gpu().linear(together.gpu(), x.gpu(), *w);
-    for (int64_t r = 0; r < rows; ++r)
-      b.gpu().linear(alone.gpu().rows_view(r, 1), x.gpu().rows_view(r, 1), *w);
-    const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
-    expect_close("linear",
-                 fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}",
-                             w->quantized() ? "W4A16 g32" : "BF16", n, k),
-                 batch, single, kExact);
+  constexpr int64_t kRows = 16;
+  struct Case {
+    int64_t n, k;
+    int group;  // 0: BF16 weights
+  };
+  for (const Case& c : {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32},
+                        Case{1000, 2624, 32}, Case{2560, 9216, 0}}) {
+    LinearWeight w{c.n, c.k, {}, {}, {}, c.group};
+    WeightPair weight, packed, scales;
+    if (c.group == 0) {
+      weight = b.weight(DType::BF16, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
+      w.weight = weight.gpu;
+    } else {
+      std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
+      for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
+      packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+      scales =
+          b.weight(DType::BF16, c.n, c.k / c.group, random_floats(rng, c.n * (c.k / c.group), 0.002f, 0.02f));
+      w.packed = packed.gpu;
+      w.scales = scales.gpu;
+    }
+    const TensorPair wide = b.activation(kRows, c.k + 4, random_floats(rng, kRows * (c.k + 4), -1.0f, 1.0f));
+    for (int64_t offset : {4, 1}) {
+      const Tensor x = wide.gpu().cols_view(offset, c.k);
+      TensorPair together = b.poisoned(kRows, c.n), alone = b.poisoned(kRows, c.n);
+      b.gpu().linear(together.gpu(), x, w);
+      for (int64_t r = 0; r < kRows; ++r) b.gpu().linear(alone.gpu().rows_view(r, 1), x.rows_view(r, 1), w);
+      const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
+      expect_close("linear",
+                   fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}, x at column {}",
+                               c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
+                   batch, single, kExact);
+    }
   }
 }
 
