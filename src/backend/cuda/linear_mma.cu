@@ -599,9 +599,12 @@ struct RowPosition {
   }
 };
 
+constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
+
 // kWholeChunks: every chunk lies inside K and loads without bounds checks (Weights::whole_chunk_loads).
 template <typename Weights, bool kWholeChunks>
-__global__ void __launch_bounds__(kThreads, 4) linear_row_kernel(RowArgs a, Weights weights) {
+__global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
+    linear_row_kernel(RowArgs a, Weights weights) {
   constexpr int kDepth = Weights::kRowRingDepth;
   constexpr int kMaxPending = 4;  // split units whose tickets wait for the end of the stream
   extern __shared__ uint4 x_row_storage[];
@@ -775,7 +778,6 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
   return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
 }
 
-constexpr int kRowBlocksPerMultiprocessor = 4;    // linear_row_kernel's __launch_bounds__
 constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // x staged whole: K <= 12288 (no shared-memory opt-in)
 
 int64_t row_stage_bytes(int64_t in_features) {
