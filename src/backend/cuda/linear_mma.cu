@@ -19,7 +19,8 @@
 // is multiplied by both (the products are exact; the sum is FP32). A block of 4 warps owns 4 x kTiles tiles
 // (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
 // shared memory, already split and paired, a stage of chunks at a time; the next stage's weights are loaded
-// into registers while this one is computed. When the tiles alone leave the GPU short of warps (2560 output
+// into registers while this one is computed. No instruction may read a loaded register before its chunk is
+// computed (a copy or a repacking there waits for the load, and the loads in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output
 // features at K 9216), K is split over blocks in a way that depends on N and K only; the last block of a
 // tile group to finish sums the partials in split order, so results depend neither on timing nor on how many
 // rows share the call (a row's arithmetic is the same at M = 1 and 16).
@@ -135,9 +136,18 @@ __device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragm
   }
 }
 
+// How a chunk's group scales are loaded, chosen on the host. Each mode is its own kernel: nothing may read a
+// loaded register before the chunk is computed, and a predicated-off instruction of another mode that reads
+// one still waits for the load (ncu: that wait serialised the ring of chunks in flight).
+enum class ScaleLoad {
+  Vector,    // group 32, 8-byte aligned scale rows, K whole chunks: a chunk's 4 scales in one load
+  PerChunk,  // group 128: the chunk is one group (blocks past K multiply zeros)
+  PerBlock,  // any other group size: one load per block
+};
+
 // W4A16 (compressed-tensors pack-quantized): a chunk's four words of features g and g + 8 and their group
-// scales (raw 16-bit values, block u's in half u of the pair).
-template <typename S>
+// scales (raw 16-bit values, unpacked by scale_of when the chunk is computed).
+template <typename S, ScaleLoad kScales>
 struct PackedInt4Weights {
   const uint32_t* packed;
   int64_t packed_stride;
@@ -145,17 +155,17 @@ struct PackedInt4Weights {
   int64_t scales_stride;
   uint32_t blocks_per_group;  // group_size / 32
   int64_t blocks;             // in_features / 32
-  bool vector_scales;         // group 32 with 8-byte aligned scale rows: a chunk's 4 scales in one load
 
   __host__ __device__ static constexpr int tiles_per_warp(int halves) { return halves; }
   __host__ __device__ static constexpr int min_blocks(int halves) { return halves == 1 ? 4 : 3; }
   __host__ __device__ static constexpr int stage_chunks(int tiles) { return 2 / tiles; }
   static constexpr int kRowRingDepth =
       4;  // chunks in flight per warp in the one-row kernel (12 registers each)
+  static constexpr int kScaleWords = kScales == ScaleLoad::Vector ? 2 : kScales == ScaleLoad::PerChunk ? 1 : 4;
 
   struct Loaded {
     uint4 low, high;
-    uint2 scale_low, scale_high;
+    uint32_t scale_low[kScaleWords], scale_high[kScaleWords];
   };
 
   // Where features g and g + 8 start, computed once per tile.
@@ -169,36 +179,27 @@ struct PackedInt4Weights {
             scales + feature_low * scales_stride, scales + feature_high * scales_stride};
   }
 
-  // The group of each block of the chunk: one load per group that starts in it (4 at g32, 1 at g128).
-  __device__ uint2 load_scales(const S* row, int64_t chunk) const {
+  template <bool kWhole>
+  __device__ void load_scales(const S* row, int64_t chunk, uint32_t (&into)[kScaleWords]) const {
     const int64_t block0 = chunk * kChunkBlocks;
-    if (vector_scales && block0 + kChunkBlocks <= blocks)
-      return __ldg(reinterpret_cast<const uint2*>(row + block0));
-    if (blocks_per_group == kChunkBlocks) {  // g128: the chunk is one group (blocks past K multiply zeros)
-      const uint32_t raw = __ldg(reinterpret_cast<const unsigned short*>(row + chunk));
-      return make_uint2(raw | raw << 16, raw | raw << 16);
-    }
-    const auto first = static_cast<uint32_t>(block0);  // blocks < 2^31: K < 2^36
-    uint32_t group = first / blocks_per_group, offset = first - group * blocks_per_group;
-    uint32_t raw[kChunkBlocks];
+    if constexpr (kScales == ScaleLoad::Vector) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + block0));
+      into[0] = v.x, into[1] = v.y;
+    } else if constexpr (kScales == ScaleLoad::PerChunk) {
+      into[0] = __ldg(reinterpret_cast<const unsigned short*>(row + chunk));
+    } else {
+      const auto first = static_cast<uint32_t>(block0);  // blocks < 2^31: K < 2^36
+      uint32_t group = first / blocks_per_group, offset = first - group * blocks_per_group;
 #pragma unroll
-    for (int u = 0; u < kChunkBlocks; ++u) {
-      if (u > 0 && ++offset == blocks_per_group) offset = 0, ++group;
-      if (block0 + u >= blocks)
-        raw[u] = 0;
-      else if (u == 0 || offset == 0)
-        raw[u] = __ldg(reinterpret_cast<const unsigned short*>(row + group));
-      else
-        raw[u] = raw[u - 1];
+      for (int u = 0; u < kChunkBlocks; ++u) {
+        if (u > 0 && ++offset == blocks_per_group) offset = 0, ++group;
+        into[u] = kWhole || block0 + u < blocks ? __ldg(reinterpret_cast<const unsigned short*>(row + group)) : 0;
+      }
     }
-    return make_uint2(raw[0] | raw[1] << 16, raw[2] | raw[3] << 16);
   }
 
-  // The host's promise for load_whole: K is a multiple of the chunk and a chunk's scales are one 8-byte load
-  // (g32) or one value (g128).
-  bool whole_chunk_loads(int64_t in_features) const {
-    return in_features % kChunkK == 0 && (vector_scales || blocks_per_group == kChunkBlocks);
-  }
+  // The host's promise for load_whole: K is a multiple of the chunk.
+  bool whole_chunk_loads(int64_t in_features) const { return in_features % kChunkK == 0; }
 
   // load() for a chunk inside K, without the bounds checks.
   __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
@@ -206,15 +207,8 @@ struct PackedInt4Weights {
     const int offset = (chunk * kChunkBlocks + q) * (kBlockK / 8);
     w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
     w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
-    if (vector_scales) {
-      w.scale_low = __ldg(reinterpret_cast<const uint2*>(r.scales_low + chunk * kChunkBlocks));
-      w.scale_high = __ldg(reinterpret_cast<const uint2*>(r.scales_high + chunk * kChunkBlocks));
-    } else {
-      const uint32_t low = __ldg(reinterpret_cast<const unsigned short*>(r.scales_low + chunk));
-      const uint32_t high = __ldg(reinterpret_cast<const unsigned short*>(r.scales_high + chunk));
-      w.scale_low = make_uint2(low | low << 16, low | low << 16);
-      w.scale_high = make_uint2(high | high << 16, high | high << 16);
-    }
+    load_scales<true>(r.scales_low, chunk, w.scale_low);
+    load_scales<true>(r.scales_high, chunk, w.scale_high);
     return w;
   }
 
@@ -226,8 +220,8 @@ struct PackedInt4Weights {
       w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
       w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
     }
-    w.scale_low = load_scales(r.scales_low, chunk);
-    w.scale_high = load_scales(r.scales_high, chunk);
+    load_scales<false>(r.scales_low, chunk, w.scale_low);
+    load_scales<false>(r.scales_high, chunk, w.scale_high);
     return w;
   }
 
@@ -236,8 +230,14 @@ struct PackedInt4Weights {
     quad_transpose(w.high, q);
   }
 
-  __device__ static float scale_of(const uint2& raw, int u) {
-    const uint32_t bits = ((u < 2 ? raw.x : raw.y) >> (16 * (u % 2))) & 0xFFFFu;
+  __device__ static float scale_of(const uint32_t (&raw)[kScaleWords], int u) {
+    uint32_t bits;
+    if constexpr (kScales == ScaleLoad::Vector)
+      bits = (raw[u / 2] >> (16 * (u % 2))) & 0xFFFFu;
+    else if constexpr (kScales == ScaleLoad::PerChunk)
+      bits = raw[0];
+    else
+      bits = raw[u];
     if constexpr (std::is_same_v<S, __half>)
       return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
     else
@@ -488,12 +488,14 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   int64_t item_index = blockIdx.x;
   MmaItem item = mma_item(a, item_index);
   int64_t stage = item.first_chunk;
-  Loaded current[kStageChunks][kTiles] = {}, next[kStageChunks][kTiles] = {};
-  load_stage(item.group, stage, item.end_chunk, current);  // weights only: before the wait (pdl.cuh)
+  // Two stages of weights in turn (ping-pong, no copies: a register copy of a stage would wait for its loads).
+  Loaded even[kStageChunks][kTiles] = {}, odd[kStageChunks][kTiles] = {};
+  load_stage(item.group, stage, item.end_chunk, even);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
   allow_next_kernel();
   float acc[kTiles][kHalves][4] = {};
-  for (;;) {
+  // Loads the next stage into `next`, computes `current`; false when this block has no next stage.
+  auto step = [&](Loaded(&current)[kStageChunks][kTiles], Loaded(&next)[kStageChunks][kTiles]) {
     int64_t next_index = item_index, next_stage = stage + kStageChunks;
     MmaItem next_item = item;
     if (next_stage >= item.end_chunk) {
@@ -550,14 +552,12 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.0f;
     }
-    if (!has_next) break;
     item_index = next_index;
     item = next_item;
     stage = next_stage;
-#pragma unroll
-    for (int c = 0; c < kStageChunks; ++c)
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) current[c][t] = next[c][t];
+    return has_next;
+  };
+  while (step(even, odd) && step(odd, even)) {
   }
 }
 
@@ -855,20 +855,29 @@ bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
 
 namespace {
 
+template <typename S, ScaleLoad kScales>
+cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
+                               const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
+                               cudaStream_t stream) {
+  const PackedInt4Weights<S, kScales> weights{w.packed.ptr<const uint32_t>(),
+                                              w.packed.stride,
+                                              w.scales.ptr<const S>(),
+                                              w.scales.stride,
+                                              static_cast<uint32_t>(w.group_size / kBlockK),
+                                              w.in_features / kBlockK};
+  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
+}
+
 template <typename S>
 cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
                                const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
                                cudaStream_t stream) {
-  const bool vector_scales = w.group_size == kBlockK && aligned(w.scales.data, 8) &&
-                             (w.scales.rows <= 1 || w.scales.stride % 4 == 0);
-  const PackedInt4Weights<S> weights{w.packed.ptr<const uint32_t>(),
-                                     w.packed.stride,
-                                     w.scales.ptr<const S>(),
-                                     w.scales.stride,
-                                     static_cast<uint32_t>(w.group_size / kBlockK),
-                                     w.in_features / kBlockK,
-                                     vector_scales};
-  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
+  const bool vector = w.group_size == kBlockK && w.in_features % kChunkK == 0 && aligned(w.scales.data, 8) &&
+                      (w.scales.rows <= 1 || w.scales.stride % 4 == 0);
+  if (vector) return launch_packed_int4<S, ScaleLoad::Vector>(out, x, w, workspace, tuning, stream);
+  if (w.group_size == kChunkK)
+    return launch_packed_int4<S, ScaleLoad::PerChunk>(out, x, w, workspace, tuning, stream);
+  return launch_packed_int4<S, ScaleLoad::PerBlock>(out, x, w, workspace, tuning, stream);
 }
 
 }  // namespace
