@@ -123,7 +123,7 @@ struct BlockFragments {
   uint32_t low[4], high[4];
 };
 
-// Rows of x (halves of 8) times one block's fragments: the hi and lo parts of x, both mmas.
+// Rows of x (halves of 8) times one block's fragments: the hi and lo parts of x, both mmas, into one sum.
 template <int kHalves>
 __device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragments& a,
                                       const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
@@ -134,6 +134,12 @@ __device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragm
     mma_bf16(sum[h], a.low[0], a.high[0], a.low[1], a.high[1], x_lo[h].x, x_lo[h].y);
     mma_bf16(sum[h], a.low[2], a.high[2], a.low[3], a.high[3], x_lo[h].z, x_lo[h].w);
   }
+}
+
+// One block's fragments times 8 columns of B (both mmas of the block, into `sum`).
+__device__ inline void multiply_columns(float (&sum)[4], const BlockFragments& a, const uint4& x) {
+  mma_bf16(sum, a.low[0], a.high[0], a.low[1], a.high[1], x.x, x.y);
+  mma_bf16(sum, a.low[2], a.high[2], a.low[3], a.high[3], x.z, x.w);
 }
 
 // How a chunk's group scales are loaded, chosen on the host. Each mode is its own kernel: nothing may read a
@@ -244,23 +250,41 @@ struct PackedInt4Weights {
       return __uint_as_float(bits << 16);
   }
 
+  __device__ static BlockFragments fragments(const Loaded& w, int u) {
+    const uint32_t low = word(w.low, u), high = word(w.high, u);
+    return {{nibble_pair<0>(low), nibble_pair<1>(low), nibble_pair<2>(low), nibble_pair<3>(low)},
+            {nibble_pair<0>(high), nibble_pair<1>(high), nibble_pair<2>(high), nibble_pair<3>(high)}};
+  }
+
+  // A block's sum of a row is its hi sum plus its lo sum, each an mma chain from zero; the group scale
+  // multiplies that. The one-row kernel makes both sums with one chain, hi and lo as two columns of B
+  // (accumulate_row), so each has the same value as here.
   template <int kHalves>
   __device__ static void accumulate(float (&acc)[kHalves][4], const Loaded& w, int u,
                                     const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
-    const uint32_t low = word(w.low, u), high = word(w.high, u);
-    const BlockFragments a{
-        {nibble_pair<0>(low), nibble_pair<1>(low), nibble_pair<2>(low), nibble_pair<3>(low)},
-        {nibble_pair<0>(high), nibble_pair<1>(high), nibble_pair<2>(high), nibble_pair<3>(high)}};
-    float sum[kHalves][4] = {};
-    multiply_block<kHalves>(sum, a, x_hi, x_lo);
+    const BlockFragments a = fragments(w, u);
     const float scale_low = scale_of(w.scale_low, u), scale_high = scale_of(w.scale_high, u);
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
-      acc[h][0] = fmaf(scale_low, sum[h][0], acc[h][0]);
-      acc[h][1] = fmaf(scale_low, sum[h][1], acc[h][1]);
-      acc[h][2] = fmaf(scale_high, sum[h][2], acc[h][2]);
-      acc[h][3] = fmaf(scale_high, sum[h][3], acc[h][3]);
+      float hi[4] = {}, lo[4] = {};
+      multiply_columns(hi, a, x_hi[h]);
+      multiply_columns(lo, a, x_lo[h]);
+      acc[h][0] = fmaf(scale_low, hi[0] + lo[0], acc[h][0]);
+      acc[h][1] = fmaf(scale_low, hi[1] + lo[1], acc[h][1]);
+      acc[h][2] = fmaf(scale_high, hi[2] + lo[2], acc[h][2]);
+      acc[h][3] = fmaf(scale_high, hi[3] + lo[3], acc[h][3]);
     }
+  }
+
+  // One row of x: `x` is column g of B, the row's hi values in lanes g == 0 and its lo values in lanes g == 1
+  // (zeros elsewhere), so lane q == 0 gets the hi sum in sum[0] / sum[2] and the lo sum in sum[1] / sum[3].
+  static constexpr bool kHiLoColumns = true;
+  __device__ static void accumulate_row(float (&acc)[4], const Loaded& w, int u, const uint4& x) {
+    const BlockFragments a = fragments(w, u);
+    float sum[4] = {};
+    multiply_columns(sum, a, x);
+    acc[0] = fmaf(scale_of(w.scale_low, u), sum[0] + sum[1], acc[0]);
+    acc[2] = fmaf(scale_of(w.scale_high, u), sum[2] + sum[3], acc[2]);
   }
 };
 
@@ -334,6 +358,8 @@ struct Bf16Weights {
     pairs(w.high[u], a.high);
     multiply_block<kHalves>(acc, a, x_hi, x_lo);
   }
+
+  static constexpr bool kHiLoColumns = false;  // the one-row kernel uses accumulate, hi and lo in lanes g == 0
 };
 
 struct MmaArgs {
@@ -692,8 +718,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     ++pending_count;
   };
 
-  // Only lanes g == 0 hold row 0 of x in the B fragments; the others multiply zeros.
-  uint4 x_hi[1] = {}, x_lo[1] = {};
+  // Row 0 of x in the B fragments: hi and lo in lanes g == 0 (kHiLoColumns: hi in lanes g == 0, lo in lanes
+  // g == 1); the other lanes multiply zeros.
+  uint4 x_hi[1] = {}, x_lo[1] = {}, x_column = {};
   while (computing.unit < a.units) {
 #pragma unroll
     for (int j = 0; j < kDepth; ++j) {
@@ -701,13 +728,18 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
       Weights::prepare(ring[j], q);
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
-        if (g == 0) {
-          const uint4* block = reinterpret_cast<const uint4*>(
-              x_row + ((computing.chunk * kChunkBlocks + u) * 4 + q) * kChunkWords);
-          x_hi[0] = block[0];
-          x_lo[0] = block[1];
+        const uint4* block = reinterpret_cast<const uint4*>(
+            x_row + ((computing.chunk * kChunkBlocks + u) * 4 + q) * kChunkWords);
+        if constexpr (Weights::kHiLoColumns) {
+          if (g < 2) x_column = block[g];
+          Weights::accumulate_row(acc[0], ring[j], u, x_column);
+        } else {
+          if (g == 0) {
+            x_hi[0] = block[0];
+            x_lo[0] = block[1];
+          }
+          Weights::template accumulate<1>(acc, ring[j], u, x_hi, x_lo);
         }
-        Weights::template accumulate<1>(acc, ring[j], u, x_hi, x_lo);
       }
       load_next(ring[j]);
       if (computing.chunk + 1 == computing.end_chunk) finish_unit();
