@@ -156,7 +156,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
       std::string best;
       double best_seconds = 1e9, default_seconds = 0;
       for (int64_t per_split :
-           {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, chunks}) {
+           {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}, chunks}) {
         for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor})
           for (bool one_row_kernel : {true, false}) {
             if (!one_row_kernel && rows > 1) continue;

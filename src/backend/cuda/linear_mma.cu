@@ -47,6 +47,7 @@ constexpr int kChunkBlocks = 4;
 constexpr int kChunkK = kChunkBlocks * kBlockK;  // 128: a warp's step along K
 constexpr int kChunkWords = 8;                   // per 8 values of x in the stage: 4 hi pairs + 4 lo pairs
 constexpr int64_t kTargetItems = 8 * 132;  // split K until there are about 8 one-tile-per-warp items per SM
+constexpr int64_t kSixteenRowSlots = 3 * 132;  // resident blocks of the many-row kernel at 16 rows
 
 __device__ inline void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                 uint32_t b0, uint32_t b1) {
@@ -762,6 +763,14 @@ MmaSplit mma_split(int64_t out_features, int64_t in_features, int64_t chunks_per
     const int64_t groups = (out_features + kWarps * kTileFeatures - 1) / (kWarps * kTileFeatures);
     const int64_t wanted = (kTargetItems + groups - 1) / groups;
     chunks_per_split = (split.chunks + wanted - 1) / wanted;
+    // One chunk more per split when that saves a whole wave of the 16-row kernel (verify and draft steps):
+    // qkv|z [12288, 2560] at 16 rows 34.5 -> 24.6 us, at one row 12.5 -> 13.7 us (20261130T0555Z sweep).
+    auto waves = [&](int64_t per_split) {
+      const int64_t items = groups * ((split.chunks + per_split - 1) / per_split);
+      return (items + kSixteenRowSlots - 1) / kSixteenRowSlots;
+    };
+    if (chunks_per_split < split.chunks && waves(chunks_per_split + 1) < waves(chunks_per_split))
+      ++chunks_per_split;
   }
   split.chunks_per_split = chunks_per_split < split.chunks ? chunks_per_split : split.chunks;
   split.splits = (split.chunks + split.chunks_per_split - 1) / split.chunks_per_split;
