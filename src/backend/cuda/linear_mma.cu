@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -588,10 +589,11 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   }
 }
 
-// One row of x (a decode step) is a stream of weights against a vector that fits in shared memory: x is
-// staged once, whole, and every warp walks its own (16-feature tile, split of K) units, units warp, warp +
-// warps, ..., keeping kRowRingDepth chunks of weights in flight across unit boundaries, with no barrier after
-// the staging. The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same
+// One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
+// (16-feature tile, split of K) are numbered split-major; every warp walks a run of consecutive units (one
+// split, or two, and consecutive tiles), keeping kRowRingDepth chunks of weights in flight across unit
+// boundaries, and a block stages only the slice of x that its warps' splits read (a 9216-value x was staged
+// whole by each of ~528 blocks: more bytes through L2 than the weights), with no barrier after the staging. The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same
 // way, so a row's result equals that of a many-row call bit for bit. The last warp to finish a tile's split
 // adds the splits' partials in split order; a warp takes its tickets (fence + atomic) only when its stream
 // has ended, as a fence would wait for the loads in flight.
@@ -600,31 +602,44 @@ struct RowArgs {
   const float* x;
   int64_t out_features, in_features;
   int64_t chunks, chunks_per_split, splits;
-  int units;           // tiles x splits
+  int tiles, units;    // units: tiles x splits, split-major
+  int units_per_warp;  // a warp's units are consecutive: one split (or two) and consecutive tiles
   float* partials;     // [splits][out_features] when split
   unsigned* counters;  // one per tile, zero between calls
   bool x_aligned;      // float4 loads of x
 };
 
-// Where a warp is in its stream of units (32-bit: units and chunks stay below 2^31).
+// Where a warp is in its run of units (32-bit: units and chunks stay below 2^31).
 struct RowPosition {
-  int unit, tile, split, chunk, end_chunk;
+  int unit, end_unit, tile, split, chunk, end_chunk;
 
   __device__ void at_unit(const RowArgs& a, int u) {
     unit = u;
-    if (unit >= a.units) return;
-    tile = unit / static_cast<int>(a.splits);
-    split = unit - tile * static_cast<int>(a.splits);
+    if (unit >= end_unit) return;
+    split = unit / a.tiles;
+    tile = unit - split * a.tiles;
     chunk = split * static_cast<int>(a.chunks_per_split);
     end_chunk = static_cast<int>(min64(a.chunks, chunk + a.chunks_per_split));
   }
+  __device__ bool done() const { return unit >= end_unit; }
   // The next chunk: the next of the unit, or the first of the warp's next unit (true).
-  __device__ bool advance(const RowArgs& a, int warps) {
+  __device__ bool advance(const RowArgs& a) {
     if (++chunk != end_chunk) return false;
-    at_unit(a, unit + warps);
+    at_unit(a, unit + 1);
     return true;
   }
 };
+
+// The chunks of x that the units [first_unit, end_unit) read (split-major units).
+struct RowStage {
+  int first_chunk, end_chunk;
+};
+
+__device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_unit) {
+  const int first_split = first_unit / a.tiles, last_split = (end_unit - 1) / a.tiles;
+  const auto per_split = static_cast<int>(a.chunks_per_split);
+  return {first_split * per_split, static_cast<int>(min64(a.chunks, (last_split + 1) * int64_t{per_split}))};
+}
 
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
 
@@ -639,11 +654,15 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
-  const int warps = static_cast<int>(gridDim.x) * kWarps;
+  const int block_units = kWarps * a.units_per_warp;
+  const int block_first = static_cast<int>(blockIdx.x) * block_units;
+  const int block_end = min(a.units, block_first + block_units);
 
   // The first chunks' weights are requested before x is staged: their latency covers the staging.
   RowPosition loading, computing;
-  loading.at_unit(a, static_cast<int>(blockIdx.x) * kWarps + warp);
+  const int first_unit = block_first + warp * a.units_per_warp;
+  loading.end_unit = min(block_end, first_unit + a.units_per_warp);
+  loading.at_unit(a, first_unit);
   computing = loading;
   typename Weights::Rows rows{};
   auto rows_of_tile = [&] {
@@ -651,25 +670,28 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     rows = weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
   };
   auto load_next = [&](typename Weights::Loaded& slot) {
-    if (loading.unit >= a.units) return;
+    if (loading.done()) return;
     if constexpr (kWholeChunks)
       slot = weights.load_whole(rows, loading.chunk, q);
     else
       slot = weights.load(rows, loading.chunk, q);
-    if (loading.advance(a, warps) && loading.unit < a.units) rows_of_tile();
+    if (loading.advance(a) && !loading.done()) rows_of_tile();
   };
-  if (loading.unit < a.units) rows_of_tile();
+  if (!loading.done()) rows_of_tile();
   typename Weights::Loaded ring[kDepth];
 #pragma unroll
   for (int j = 0; j < kDepth; ++j) load_next(ring[j]);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
   allow_next_kernel();
+  // Only the chunks of x that this block's units read (its splits' slice of K).
   uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_row_storage);
-  const int x_groups = static_cast<int>(a.chunks * kChunkK / 8);
+  const RowStage stage = row_stage(a, block_first, block_end);
+  const int x_groups = (stage.end_chunk - stage.first_chunk) * kChunkK / 8;
+  const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
   if (a.x_aligned)
-    stage_x<true>(x_stage, a.x, 0, a.in_features, 1, 0, x_groups, 0);
+    stage_x<true>(x_stage, a.x, 0, a.in_features, 1, k0, x_groups, 0);
   else
-    stage_x<false>(x_stage, a.x, 0, a.in_features, 1, 0, x_groups, 0);
+    stage_x<false>(x_stage, a.x, 0, a.in_features, 1, k0, x_groups, 0);
   __syncthreads();
 
   const int64_t n = a.out_features;
@@ -722,15 +744,15 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   // Row 0 of x in the B fragments: hi and lo in lanes g == 0 (kHiLoColumns: hi in lanes g == 0, lo in lanes
   // g == 1); the other lanes multiply zeros.
   uint4 x_hi[1] = {}, x_lo[1] = {}, x_column = {};
-  while (computing.unit < a.units) {
+  while (!computing.done()) {
 #pragma unroll
     for (int j = 0; j < kDepth; ++j) {
-      if (computing.unit >= a.units) break;
+      if (computing.done()) break;
       Weights::prepare(ring[j], q);
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         const uint4* block = reinterpret_cast<const uint4*>(
-            x_row + ((computing.chunk * kChunkBlocks + u) * 4 + q) * kChunkWords);
+            x_row + (((computing.chunk - stage.first_chunk) * kChunkBlocks + u) * 4 + q) * kChunkWords);
         if constexpr (Weights::kHiLoColumns) {
           if (g < 2) x_column = block[g];
           Weights::accumulate_row(acc[0], ring[j], u, x_column);
@@ -744,7 +766,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
       }
       load_next(ring[j]);
       if (computing.chunk + 1 == computing.end_chunk) finish_unit();
-      computing.advance(a, warps);
+      computing.advance(a);
     }
   }
   settle_pending();
@@ -831,17 +853,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
-  const RowArgs args{out.ptr<float>(),
-                     x.ptr<const float>(),
-                     out_features,
-                     in_features,
-                     split.chunks,
-                     split.chunks_per_split,
-                     split.splits,
-                     static_cast<int>(tiles * split.splits),
-                     workspace.partials,
-                     workspace.counters,
-                     rows_aligned_to_float4(x)};
+  const int64_t units = tiles * split.splits;
   int device = 0, multiprocessors = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess)
@@ -849,9 +861,26 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
   if (status != cudaSuccess) return status;
   const int64_t resident =
       tuning.grid_blocks > 0 ? tuning.grid_blocks : int64_t{kRowBlocksPerMultiprocessor} * multiprocessors;
-  const int64_t needed = (args.units + kWarps - 1) / kWarps;
-  const dim3 grid(static_cast<unsigned>(needed < resident ? needed : resident));
-  const auto shared = static_cast<size_t>(row_stage_bytes(in_features));
+  const int64_t units_per_warp = (units + resident * kWarps - 1) / (resident * kWarps);
+  const int64_t block_units = kWarps * units_per_warp;
+  const RowArgs args{out.ptr<float>(),
+                     x.ptr<const float>(),
+                     out_features,
+                     in_features,
+                     split.chunks,
+                     split.chunks_per_split,
+                     split.splits,
+                     static_cast<int>(tiles),
+                     static_cast<int>(units),
+                     static_cast<int>(units_per_warp),
+                     workspace.partials,
+                     workspace.counters,
+                     rows_aligned_to_float4(x)};
+  const dim3 grid(static_cast<unsigned>((units + block_units - 1) / block_units));
+  // A block's units span at most this many splits (whatever its first unit), so many chunks of x.
+  const int64_t spanned = std::min(split.splits, (block_units - 1) / tiles + 2);
+  const int64_t staged_chunks = std::min(split.chunks, spanned * split.chunks_per_split);
+  const auto shared = static_cast<size_t>(staged_chunks * kChunkK * static_cast<int64_t>(sizeof(uint32_t)));
   if (weights.whole_chunk_loads(in_features))
     return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
   return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args, weights);
