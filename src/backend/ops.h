@@ -82,6 +82,14 @@ class Backend {
   virtual std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) = 0;
   // A checkpoint tensor as a backend tensor [rows, cols] (CPU: a view of the mapping; GPU: a device copy).
   virtual Tensor upload_weight(const TensorView& view, int64_t rows, int64_t cols) = 0;
+  // The packed words of a W4A16 weight (I32 [rows, words], checkpoint order). A backend may keep the words of
+  // a row in an order of its own that its kernels know (CUDA: backend/cuda/packed_int4_order.h); rows stay
+  // rows, so row views of the tensor are row views of the weight.
+  virtual Tensor upload_packed_int4(const TensorView& view, int64_t rows, int64_t words) {
+    return upload_weight(view, rows, words);
+  }
+  // Checkpoint-order packed words into rows of a tensor made by alloc (stacked modules), as above.
+  virtual void write_packed_int4(const Tensor& dst, const void* host) { write(dst, host); }
   virtual void write(const Tensor& dst,
                      const void* host) = 0;              // dst contiguous, host has dst.numel() elements
   virtual void read(void* host, const Tensor& src) = 0;  // src contiguous

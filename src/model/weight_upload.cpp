@@ -23,7 +23,7 @@ LinearWeight upload_linear(Backend& backend, const LinearTensors& found, int64_t
   if (found.weight) {
     w.weight = backend.upload_weight(*found.weight, out_features, in_features);
   } else {
-    w.packed = backend.upload_weight(*found.packed, out_features, in_features / 8);
+    w.packed = backend.upload_packed_int4(*found.packed, out_features, in_features / 8);
     w.scales = backend.upload_weight(*found.scales, out_features, in_features / found.group_size);
     w.group_size = found.group_size;
   }
@@ -40,14 +40,17 @@ bool same_format(const LinearTensors& a, const LinearTensors& b) {
 
 // The modules' tensors (weight, or packed / scales) one under the other in one backend buffer.
 Tensor stack_rows(Backend& backend, std::span<const TensorView* const> views, std::span<const int64_t> rows,
-                  int64_t cols, std::vector<std::unique_ptr<Buffer>>& storage) {
+                  int64_t cols, std::vector<std::unique_ptr<Buffer>>& storage, bool packed_int4 = false) {
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
   const Tensor& stacked = storage.emplace_back(backend.alloc(views.front()->dtype, total, cols))->tensor();
   int64_t first = 0;
   for (size_t i = 0; i < views.size(); ++i) {
     if (views[i]->numel() != rows[i] * cols)
       fail("{}: {} elements, expected [{}, {}]", views[i]->name, views[i]->numel(), rows[i], cols);
-    backend.write(stacked.rows_view(first, rows[i]), views[i]->data);
+    if (packed_int4)
+      backend.write_packed_int4(stacked.rows_view(first, rows[i]), views[i]->data);
+    else
+      backend.write(stacked.rows_view(first, rows[i]), views[i]->data);
     first += rows[i];
   }
   return stacked;
@@ -85,7 +88,7 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
       packed.push_back(m.packed);
       scales.push_back(m.scales);
     }
-    w.packed = stack_rows(backend, packed, out_features, in_features / 8, storage);
+    w.packed = stack_rows(backend, packed, out_features, in_features / 8, storage, true);
     w.scales = stack_rows(backend, scales, out_features,
                           (in_features + first.group_size - 1) / first.group_size, storage);
     w.group_size = first.group_size;

@@ -92,15 +92,30 @@ void Backends::poison(const TensorPair& pair) {
   gpu_->write(pair.gpu(), nan.data());
 }
 
-WeightPair Backends::weight(DType dtype, int64_t rows, int64_t cols, std::vector<uint8_t> bytes) {
-  const std::vector<uint8_t>& stored = weight_bytes_.emplace_back(std::move(bytes));
-  TensorView& view = weight_views_.emplace_back();
-  view.name = "test_weight_" + std::to_string(weight_views_.size());
+namespace {
+
+TensorView keep_view(std::list<std::vector<uint8_t>>& bytes_store, std::list<TensorView>& views, DType dtype,
+                     int64_t rows, int64_t cols, std::vector<uint8_t> bytes) {
+  const std::vector<uint8_t>& stored = bytes_store.emplace_back(std::move(bytes));
+  TensorView& view = views.emplace_back();
+  view.name = "test_weight_" + std::to_string(views.size());
   view.dtype = dtype;
   view.shape = {rows, cols};
   view.data = stored.data();
   view.nbytes = stored.size();
+  return view;
+}
+
+}  // namespace
+
+WeightPair Backends::weight(DType dtype, int64_t rows, int64_t cols, std::vector<uint8_t> bytes) {
+  const TensorView view = keep_view(weight_bytes_, weight_views_, dtype, rows, cols, std::move(bytes));
   return WeightPair{cpu_->upload_weight(view, rows, cols), gpu_->upload_weight(view, rows, cols)};
+}
+
+WeightPair Backends::packed_int4(int64_t rows, int64_t words, std::vector<uint8_t> bytes) {
+  const TensorView view = keep_view(weight_bytes_, weight_views_, DType::I32, rows, words, std::move(bytes));
+  return WeightPair{cpu_->upload_packed_int4(view, rows, words), gpu_->upload_packed_int4(view, rows, words)};
 }
 
 std::vector<float> Backends::read_cpu(const Tensor& t) {

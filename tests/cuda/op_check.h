@@ -69,6 +69,9 @@ class Backends {
   WeightPair weight(DType dtype, int64_t rows, int64_t cols, const std::vector<float>& values) {
     return weight(dtype, rows, cols, encode(dtype, values));
   }
+  // W4A16 packed words (I32 [rows, words], checkpoint order) as the model loader uploads them
+  // (Backend::upload_packed_int4: the CUDA backend reorders the words of each row).
+  WeightPair packed_int4(int64_t rows, int64_t words, std::vector<uint8_t> bytes);
 
   std::vector<float> read_cpu(const Tensor& t);
   std::vector<float> read_gpu(const Tensor& t);

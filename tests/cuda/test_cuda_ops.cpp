@@ -21,6 +21,7 @@
 #include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
+#include "core/error.h"
 #include "core/half.h"
 #include "op_check.h"
 
@@ -254,6 +255,27 @@ TEST(CudaOps, LinearDense) {
   }
 }
 
+// Packed words reach the CUDA backend through upload_packed_int4 (which reorders them); anything but I32 is
+// refused with the tensor's name, before a byte is uploaded.
+TEST(CudaOps, UploadPackedInt4RefusesOtherDtypes) {
+  std::vector<uint8_t> bytes(4 * 16 * 4, 0x5a);
+  TensorView view;
+  view.name = "layers.0.mlp.down_proj.weight_packed";
+  view.dtype = DType::F32;
+  view.shape = {4, 16};
+  view.data = bytes.data();
+  view.nbytes = bytes.size();
+  try {
+    backends().gpu().upload_packed_int4(view, 4, 16);
+    FAIL() << "an F32 tensor was uploaded as packed words";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("upload_packed_int4: tensor layers.0.mlp.down_proj.weight_packed is F32, "
+                                         "expected I32"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CudaOps, LinearW4A16) {
   std::mt19937 rng(6);
   auto& b = backends();
@@ -285,7 +307,7 @@ TEST(CudaOps, LinearW4A16) {
       const uint32_t word = words(rng);
       std::memcpy(&packed_bytes[i], &word, 4);
     }
-    const WeightPair packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+    const WeightPair packed = b.packed_int4(c.n, c.k / 8, std::move(packed_bytes));
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
     const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
@@ -352,7 +374,7 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
     std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
     for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-    const WeightPair packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+    const WeightPair packed = b.packed_int4(c.n, c.k / 8, std::move(packed_bytes));
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
     const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
@@ -397,7 +419,7 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
     } else {
       std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
       for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-      packed = b.weight(DType::I32, c.n, c.k / 8, std::move(packed_bytes));
+      packed = b.packed_int4(c.n, c.k / 8, std::move(packed_bytes));
       scales =
           b.weight(DType::BF16, c.n, c.k / c.group, random_floats(rng, c.n * (c.k / c.group), 0.002f, 0.02f));
       w.packed = packed.gpu;
@@ -426,7 +448,7 @@ TEST(CudaOps, LinearRowsIndependentOfTileGrouping) {
   const int64_t n = 9216, k = 2560;
   std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
   for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-  const WeightPair packed = b.weight(DType::I32, n, k / 8, std::move(packed_bytes));
+  const WeightPair packed = b.packed_int4(n, k / 8, std::move(packed_bytes));
   const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
   const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32};
   for (int64_t rows : {8, 9, 16}) {

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/packed_int4_order.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
@@ -58,6 +59,7 @@ struct DenseScalar {
 };
 
 // W4A16: one int32 word = 8 nibbles along K, lowest first; value = (nibble - 8) * scale[n][k / group_size].
+// The words of a row are in the backend's order (packed_int4_order.h).
 // kGroupHoldsWord: group_size % 8 == 0, so one scale serves the whole word.
 template <typename S, bool kGroupHoldsWord>
 struct PackedInt4 {
@@ -71,7 +73,7 @@ struct PackedInt4 {
 
   __device__ int64_t steps() const { return in_features / kWidth; }
   __device__ void load(int64_t n, int64_t step, float (&w)[kWidth]) const {
-    const uint32_t word = packed[n * packed_stride + step];
+    const uint32_t word = packed[n * packed_stride + packed_word_position(step, in_features / kWidth)];
     const S* row_scales = scales + n * scales_stride;
     const int64_t k0 = step * kWidth;
     const float word_scale = kGroupHoldsWord ? to_float(row_scales[k0 / group_size]) : 0.0f;

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/packed_int4_order.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
@@ -45,9 +46,10 @@ __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t 
 }
 
 // Where the packed word with values kValuesPerWord * word .. + 7 of weight row `row` lies (nibble j holds
-// value kValuesPerWord * word + j). The one place that knows the device order of the packed words.
-__device__ inline int64_t packed_word_index(int64_t row, int64_t word, int64_t packed_stride) {
-  return row * packed_stride + word;
+// value kValuesPerWord * word + j), in the backend's order (packed_int4_order.h).
+__device__ inline int64_t packed_word_index(int64_t row, int64_t word, int64_t packed_stride,
+                                            int64_t words_per_row) {
+  return row * packed_stride + packed_word_position(word, words_per_row);
 }
 
 // One thread per packed word: 8 consecutive values of one row (blockIdx.y), which leave in one 16-byte store
@@ -61,7 +63,7 @@ __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* pack
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kDequantizeBlock + threadIdx.x;
   if (w >= words_per_row) return;
   const int64_t r = blockIdx.y;
-  const uint32_t word = packed[packed_word_index(first_row + r, w, packed_stride)];
+  const uint32_t word = packed[packed_word_index(first_row + r, w, packed_stride, words_per_row)];
   const S* row_scales = scales + (first_row + r) * scales_stride;
   const int first_value = static_cast<int>(w) * kValuesPerWord;
   int group = first_value / group_size;

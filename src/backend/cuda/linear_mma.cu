@@ -10,10 +10,10 @@
 // exactly — and x in the same pairs. Both mmas of a block lie in one quantization group: the group scale
 // multiplies the block's FP32 sum (exact weights, no rounding of n * scale).
 //
-// Loads: the four lanes of a quad read a feature's 64 bytes of a chunk with one 16-byte load each (lane q
-// gets block q's four words) and a 4 x 4 transpose over the quad (two rounds of shuffles) hands lane q word q
-// of every block. BF16 weights are loaded 16 bytes per lane and block and paired the same way with byte
-// permutes.
+// Loads: the four lanes of a quad read a feature's 64 bytes of a chunk with one 16-byte load each; the
+// backend keeps the packed words in an order (packed_int4_order.h) where those 16 bytes are word q of every
+// block of the chunk, lane q's A words. BF16 weights are loaded 16 bytes per lane and block and paired with
+// byte permutes.
 //
 // x stays accurate to ~2^-16: each value is split into hi = bf16(x) and lo = bf16(x - hi), and every block
 // is multiplied by both (the products are exact; the sum is FP32). A block of 4 warps owns 4 x kTiles tiles
@@ -33,6 +33,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/packed_int4_order.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace qspec::cuda {
@@ -91,28 +92,6 @@ __device__ inline uint32_t nibble_pair(uint32_t word) {
   const __nv_bfloat162 value =
       __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), __floats2bfloat162_rn(136.0f, 136.0f));
   return *reinterpret_cast<const uint32_t*>(&value);
-}
-
-// One round of the quad transpose: lanes q and q ^ kMask swap the words whose index differs from the lane in
-// bit kMask. After the rounds for masks 1 and 2, word j of lane q is the old word q of lane j.
-template <int kMask>
-__device__ inline void quad_exchange(uint32_t (&w)[4], int q) {
-  const bool upper = (q & kMask) != 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if ((j & kMask) != 0) continue;
-    const uint32_t kept_low = w[j], kept_high = w[j | kMask];
-    const uint32_t received = __shfl_xor_sync(0xffffffffu, upper ? kept_low : kept_high, kMask);
-    w[j] = upper ? received : kept_low;
-    w[j | kMask] = upper ? kept_high : received;
-  }
-}
-
-__device__ inline void quad_transpose(uint4& v, int q) {
-  uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  quad_exchange<1>(w, q);
-  quad_exchange<2>(w, q);
-  v = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 __device__ inline uint32_t word(const uint4& v, int i) {
@@ -209,10 +188,11 @@ struct PackedInt4Weights {
   // The host's promise for load_whole: K is a multiple of the chunk.
   bool whole_chunk_loads(int64_t in_features) const { return in_features % kChunkK == 0; }
 
-  // load() for a chunk inside K, without the bounds checks.
+  // load() for a chunk inside K, without the bounds checks. In the backend's word order (packed_int4_order.h)
+  // the 16 bytes at word 4q of a whole chunk are word q of each of its four blocks: this lane's A words.
   __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
     Loaded w;
-    const int offset = (chunk * kChunkBlocks + q) * (kBlockK / 8);
+    const int offset = chunk * kPackedChunkWords + 4 * q;
     w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
     w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
     load_scales<true>(r.scales_low, chunk, w.scale_low);
@@ -220,23 +200,32 @@ struct PackedInt4Weights {
     return w;
   }
 
+  // A partial chunk at the end of K keeps the checkpoint order: word q of each block is loaded alone.
   __device__ Loaded load(const Rows& r, int64_t chunk, int q) const {
     Loaded w{};
-    const int64_t block = chunk * kChunkBlocks + q;
-    if (block < blocks) {
-      const int64_t offset = block * (kBlockK / 8);
+    const int64_t first_block = chunk * kChunkBlocks;
+    if (first_block + kChunkBlocks <= blocks) {
+      const int64_t offset = chunk * kPackedChunkWords + 4 * q;
       w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
       w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
+    } else {
+      uint32_t low[kChunkBlocks] = {}, high[kChunkBlocks] = {};
+#pragma unroll
+      for (int u = 0; u < kChunkBlocks; ++u)
+        if (first_block + u < blocks) {
+          const int64_t offset = (first_block + u) * (kBlockK / 8) + q;
+          low[u] = __ldg(r.packed_low + offset);
+          high[u] = __ldg(r.packed_high + offset);
+        }
+      w.low = make_uint4(low[0], low[1], low[2], low[3]);
+      w.high = make_uint4(high[0], high[1], high[2], high[3]);
     }
     load_scales<false>(r.scales_low, chunk, w.scale_low);
     load_scales<false>(r.scales_high, chunk, w.scale_high);
     return w;
   }
 
-  __device__ static void prepare(Loaded& w, int q) {
-    quad_transpose(w.low, q);
-    quad_transpose(w.high, q);
-  }
+  __device__ static void prepare(Loaded&, int) {}
 
   __device__ static float scale_of(const uint32_t (&raw)[kScaleWords], int u) {
     uint32_t bits;

@@ -1,0 +1,46 @@
+// The CUDA backend's order of W4A16 packed words (src/backend/cuda/packed_int4_order.h), checked on the CPU:
+// the tensor-core kernels and the uploads both rely on it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "backend/cuda/packed_int4_order.h"
+
+namespace qspec::cuda {
+namespace {
+
+TEST(PackedInt4Order, WholeChunksAreTransposedQuads) {
+  // Word (block u, offset q) of a chunk sits at offset 4q + u: the 16 bytes at word 4q hold offset q of
+  // blocks 0..3.
+  const int64_t words_per_row = 32;
+  for (int64_t chunk = 0; chunk < 2; ++chunk)
+    for (int64_t u = 0; u < 4; ++u)
+      for (int64_t q = 0; q < 4; ++q)
+        EXPECT_EQ(packed_word_position(chunk * 16 + 4 * u + q, words_per_row), chunk * 16 + 4 * q + u)
+            << "chunk " << chunk << " block " << u << " offset " << q;
+}
+
+TEST(PackedInt4Order, IsAPermutationOfEachRowAndItsOwnInverse) {
+  for (int64_t words_per_row : {1, 4, 15, 16, 17, 35, 320, 1152}) {
+    std::set<int64_t> positions;
+    for (int64_t w = 0; w < words_per_row; ++w) {
+      const int64_t p = packed_word_position(w, words_per_row);
+      ASSERT_GE(p, 0);
+      ASSERT_LT(p, words_per_row) << "word " << w << " of " << words_per_row;
+      EXPECT_EQ(packed_word_position(p, words_per_row), w) << "word " << w << " of " << words_per_row;
+      positions.insert(p);
+    }
+    EXPECT_EQ(static_cast<int64_t>(positions.size()), words_per_row);
+  }
+}
+
+TEST(PackedInt4Order, APartialLastChunkKeepsTheCheckpointOrder) {
+  const int64_t words_per_row = 35;  // two whole chunks, then 3 words (K = 280)
+  for (int64_t w = 32; w < 35; ++w) EXPECT_EQ(packed_word_position(w, words_per_row), w);
+  EXPECT_EQ(packed_word_position(1, words_per_row), 4);  // a whole chunk is reordered
+}
+
+}  // namespace
+}  // namespace qspec::cuda
