@@ -269,9 +269,10 @@ TEST(CudaOps, UploadPackedInt4RefusesOtherDtypes) {
     backends().gpu().upload_packed_int4(view, 4, 16);
     FAIL() << "an F32 tensor was uploaded as packed words";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("upload_packed_int4: tensor layers.0.mlp.down_proj.weight_packed is F32, "
-                                         "expected I32"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("upload_packed_int4: tensor layers.0.mlp.down_proj.weight_packed is F32, "
+                                   "expected I32"),
+        std::string::npos)
         << e.what();
   }
 }

@@ -123,8 +123,7 @@ class CudaBackend final : public Backend {
   }
 
   void write_packed_int4(const Tensor& dst, const void* host) override {
-    if (dst.dtype != DType::I32)
-      fail("write_packed_int4: dst is {}, expected I32", dtype_name(dst.dtype));
+    if (dst.dtype != DType::I32) fail("write_packed_int4: dst is {}, expected I32", dtype_name(dst.dtype));
     const std::vector<uint32_t> ordered = packed_int4_device_order(host, dst.rows, dst.cols);
     write(dst, ordered.data());
   }

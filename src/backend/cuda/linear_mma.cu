@@ -20,10 +20,11 @@
 // (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
 // shared memory, already split and paired, a stage of chunks at a time; the next stage's weights are loaded
 // into registers while this one is computed. No instruction may read a loaded register before its chunk is
-// computed (a copy or a repacking there waits for the load, and the loads in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output
-// features at K 9216), K is split over blocks in a way that depends on N and K only; the last block of a
-// tile group to finish sums the partials in split order, so results depend neither on timing nor on how many
-// rows share the call (a row's arithmetic is the same at M = 1 and 16).
+// computed (a copy or a repacking there waits for the load, and the loads in flight go from several to one).
+// When the tiles alone leave the GPU short of warps (2560 output features at K 9216), K is split over blocks
+// in a way that depends on N and K only; the last block of a tile group to finish sums the partials in split
+// order, so results depend neither on timing nor on how many rows share the call (a row's arithmetic is the
+// same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -148,7 +149,9 @@ struct PackedInt4Weights {
   __host__ __device__ static constexpr int stage_chunks(int tiles) { return 2 / tiles; }
   static constexpr int kRowRingDepth =
       4;  // chunks in flight per warp in the one-row kernel (12 registers each)
-  static constexpr int kScaleWords = kScales == ScaleLoad::Vector ? 2 : kScales == ScaleLoad::PerChunk ? 1 : 4;
+  static constexpr int kScaleWords = kScales == ScaleLoad::Vector     ? 2
+                                     : kScales == ScaleLoad::PerChunk ? 1
+                                                                      : 4;
 
   struct Loaded {
     uint4 low, high;
@@ -180,13 +183,16 @@ struct PackedInt4Weights {
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         if (u > 0 && ++offset == blocks_per_group) offset = 0, ++group;
-        into[u] = kWhole || block0 + u < blocks ? __ldg(reinterpret_cast<const unsigned short*>(row + group)) : 0;
+        into[u] =
+            kWhole || block0 + u < blocks ? __ldg(reinterpret_cast<const unsigned short*>(row + group)) : 0;
       }
     }
   }
 
   // The host's promise for load_whole: K is a multiple of the chunk.
-  bool whole_chunk_loads(int64_t in_features) const { return in_features % kChunkK == 0; }
+  bool whole_chunk_loads(int64_t in_features) const {
+    return in_features % kChunkK == 0;
+  }
 
   // load() for a chunk inside K, without the bounds checks. In the backend's word order (packed_int4_order.h)
   // the 16 bytes at word 4q of a whole chunk are word q of each of its four blocks: this lane's A words.
@@ -350,7 +356,8 @@ struct Bf16Weights {
     multiply_block<kHalves>(acc, a, x_hi, x_lo);
   }
 
-  static constexpr bool kHiLoColumns = false;  // the one-row kernel uses accumulate, hi and lo in lanes g == 0
+  // The one-row kernel uses accumulate, with x's hi and lo parts in lanes g == 0.
+  static constexpr bool kHiLoColumns = false;
 };
 
 struct MmaArgs {
@@ -505,7 +512,8 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   int64_t item_index = blockIdx.x;
   MmaItem item = mma_item(a, item_index);
   int64_t stage = item.first_chunk;
-  // Two stages of weights in turn (ping-pong, no copies: a register copy of a stage would wait for its loads).
+  // Two stages of weights in turn (ping-pong, no copies: a register copy of a stage would wait for its
+  // loads).
   Loaded even[kStageChunks][kTiles] = {}, odd[kStageChunks][kTiles] = {};
   load_stage(item.group, stage, item.end_chunk, even);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
@@ -582,10 +590,11 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 // (16-feature tile, split of K) are numbered split-major; every warp walks a run of consecutive units (one
 // split, or two, and consecutive tiles), keeping kRowRingDepth chunks of weights in flight across unit
 // boundaries, and a block stages only the slice of x that its warps' splits read (a 9216-value x was staged
-// whole by each of ~528 blocks: more bytes through L2 than the weights), with no barrier after the staging. The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same
-// way, so a row's result equals that of a many-row call bit for bit. The last warp to finish a tile's split
-// adds the splits' partials in split order; a warp takes its tickets (fence + atomic) only when its stream
-// has ended, as a fence would wait for the loads in flight.
+// whole by each of ~528 blocks: more bytes through L2 than the weights), with no barrier after the staging.
+// The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same way, so a row's
+// result equals that of a many-row call bit for bit. The last warp to finish a tile's split adds the splits'
+// partials in split order; a warp takes its tickets (fence + atomic) only when its stream has ended, as a
+// fence would wait for the loads in flight.
 struct RowArgs {
   float* out;
   const float* x;
