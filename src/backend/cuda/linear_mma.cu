@@ -231,8 +231,6 @@ struct PackedInt4Weights {
     return w;
   }
 
-  __device__ static void prepare(Loaded&, int) {}
-
   __device__ static float scale_of(const uint32_t (&raw)[kScaleWords], int u) {
     uint32_t bits;
     if constexpr (kScales == ScaleLoad::Vector)
@@ -336,8 +334,6 @@ struct Bf16Weights {
     }
     return w;
   }
-
-  __device__ static void prepare(Loaded&, int) {}
 
   // (v0 v1)(v2 v3)(v4 v5)(v6 v7) -> pairs (v0 v4)(v1 v5)(v2 v6)(v3 v7)
   __device__ static void pairs(const uint4& v, uint32_t (&out)[4]) {
@@ -543,8 +539,6 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     for (int c = 0; c < kStageChunks; ++c) {
       if (stage + c >= item.end_chunk) break;
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) Weights::prepare(current[c][t], q);
-#pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         uint4 x_hi[kHalves], x_lo[kHalves];
 #pragma unroll
@@ -746,7 +740,6 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 #pragma unroll
     for (int j = 0; j < kDepth; ++j) {
       if (computing.done()) break;
-      Weights::prepare(ring[j], q);
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         const uint4* block = reinterpret_cast<const uint4*>(
