@@ -16,7 +16,9 @@
 // byte permutes.
 //
 // x stays accurate to ~2^-16: each value is split into hi = bf16(x) and lo = bf16(x - hi), and every block
-// is multiplied by both (the products are exact; the sum is FP32). A block of 4 warps owns 4 x kTiles tiles
+// is multiplied by both (the products are exact; the sums are FP32): a W4A16 block's row sum is its hi sum
+// plus its lo sum, two mma chains from zero, and the one-row kernel gets both from one chain with hi and lo
+// as two columns of B. A block of 4 warps owns 4 x kTiles tiles
 // (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
 // shared memory, already split and paired, a stage of chunks at a time; the next stage's weights are loaded
 // into registers while this one is computed. No instruction may read a loaded register before its chunk is
