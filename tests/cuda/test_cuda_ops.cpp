@@ -277,6 +277,22 @@ TEST(CudaOps, UploadPackedInt4RefusesOtherDtypes) {
   }
 }
 
+// The stacked-modules path (write_packed_int4 into rows of a tensor from alloc) refuses anything but I32, and
+// leaves the destination as it was.
+TEST(CudaOps, WritePackedInt4RefusesOtherDtypes) {
+  auto& b = backends();
+  const TensorPair dst = b.poisoned(4, 16);
+  const std::vector<uint32_t> words(4 * 16, 0x12345678u);
+  try {
+    b.gpu().write_packed_int4(dst.gpu(), words.data());
+    FAIL() << "packed words were written into an F32 tensor";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("write_packed_int4: dst is F32, expected I32"), std::string::npos)
+        << e.what();
+  }
+  for (float v : b.read_gpu(dst.gpu())) EXPECT_TRUE(std::isnan(v));
+}
+
 TEST(CudaOps, LinearW4A16) {
   std::mt19937 rng(6);
   auto& b = backends();
