@@ -834,9 +834,11 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
   return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
 }
 
-constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // x staged whole: K <= 12288 (no shared-memory opt-in)
+constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in: K <= 12288
 
-int64_t row_stage_bytes(int64_t in_features) {
+// The one-row kernel's shared memory if a block staged the whole of x; a block stages its splits' slice
+// (launch_row sizes that), never more, so this bounds it.
+int64_t whole_x_stage_bytes(int64_t in_features) {
   return (in_features + kChunkK - 1) / kChunkK * kChunkK * static_cast<int64_t>(sizeof(uint32_t));
 }
 
@@ -883,7 +885,7 @@ template <typename Weights>
 cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                             const Weights& weights, const LinearMmaWorkspace& workspace,
                             const LinearMmaTuning& tuning, cudaStream_t stream) {
-  if (x.rows == 1 && tuning.one_row_kernel && row_stage_bytes(in_features) <= kRowMaxStageBytes)
+  if (x.rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes)
     return launch_row(out, x, out_features, in_features, weights, workspace, tuning, stream);
   if (x.rows <= 8)
     return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
