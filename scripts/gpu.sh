@@ -167,6 +167,8 @@ ab() {
     local name
     name=$(basename "$bundle")-$(cat "$bundle/COMMIT")
     export LD_LIBRARY_PATH="$PWD/$bundle:/usr/local/cuda/lib64"
+    export QSPEC_COMMIT
+    QSPEC_COMMIT=$(cat "$bundle/COMMIT")  # the records' commit field, as in run_on_gpu
     local status=0
     QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 >"$work/$name-tests.log" 2>&1 ||
       status=$?
