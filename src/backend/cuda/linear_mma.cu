@@ -71,6 +71,16 @@ __device__ inline uint4 load_streaming(const uint4* p) {
   return v;
 }
 
+// A split's ticket: the arrival count before this one. Release: the partials stored before it (by this
+// thread, or by the block / warp ordered before it by a barrier) are visible to whoever acquires a later
+// ticket; acquire: the last arrival sees every earlier split's partials. No full fence: one waits for every
+// access in flight.
+__device__ inline unsigned take_ticket(unsigned* counter) {
+  unsigned before;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+  return before;
+}
+
 __device__ inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
@@ -446,16 +456,14 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
       }
   if (!split_k) return;
 
-  __threadfence();  // this block's partials are visible to the block that sums them
-  __syncthreads();
+  __syncthreads();  // the block's partials are stored before thread 0's ticket releases them
   if (threadIdx.x == 0) {
     unsigned* counter = a.counters + item.group * a.passes + item.pass;
-    *last_block = atomicAdd(counter, 1u) == static_cast<unsigned>(a.splits - 1);
+    *last_block = take_ticket(counter) == static_cast<unsigned>(a.splits - 1);
     if (*last_block) *counter = 0;  // ready for the next call (and the next replay of a step graph)
   }
-  __syncthreads();
+  __syncthreads();  // the last block reads the partials after thread 0's ticket acquired them
   if (!*last_block) return;
-  __threadfence();
   for (int e = static_cast<int>(threadIdx.x); e < kGroupFeatures * rows_here; e += kThreads) {
     const int64_t feature = item.group * kGroupFeatures + e % kGroupFeatures;
     const int64_t row = first_row + e / kGroupFeatures;
@@ -589,8 +597,8 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 // whole by each of ~528 blocks: more bytes through L2 than the weights), with no barrier after the staging.
 // The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same way, so a row's
 // result equals that of a many-row call bit for bit. The last warp to finish a tile's split adds the splits'
-// partials in split order; a warp takes its tickets (fence + atomic) only when its stream has ended, as a
-// fence would wait for the loads in flight.
+// partials in split order; a warp takes its tickets (release / acquire atomics) only when its stream has
+// ended, as a release may wait for the loads in flight.
 struct RowArgs {
   float* out;
   const float* x;
@@ -690,24 +698,23 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 
   const int64_t n = a.out_features;
   float acc[1][4] = {};
-  // Split units' partials are stored as the stream goes; their fence and tickets wait until it has ended (a
-  // fence waits for the loads in flight), or until kMaxPending of them are waiting.
+  // Split units' partials are stored as the stream goes; their tickets wait until it has ended, or until
+  // kMaxPending of them are waiting.
   int pending[kMaxPending];
   int pending_count = 0;
   auto settle_pending = [&] {
     if (pending_count == 0) return;
-    __threadfence();  // this warp's partials are visible before its tickets are taken
-    __syncwarp();
+    __syncwarp();  // the warp's partials are stored before lane 0's tickets release them
     unsigned tickets[kMaxPending];
 #pragma unroll
     for (int i = 0; i < kMaxPending; ++i)
-      if (i < pending_count && lane == 0) tickets[i] = atomicAdd(a.counters + pending[i], 1u);
+      if (i < pending_count && lane == 0) tickets[i] = take_ticket(a.counters + pending[i]);
+    __syncwarp();  // the lanes read partials after lane 0's tickets acquired them
 #pragma unroll
     for (int i = 0; i < kMaxPending; ++i) {
       if (i >= pending_count) break;
       if (__shfl_sync(0xffffffffu, tickets[i], 0) != static_cast<unsigned>(a.splits - 1)) continue;
       if (lane == 0) a.counters[pending[i]] = 0;  // ready for the next call
-      __threadfence();
       const int64_t feature = static_cast<int64_t>(pending[i]) * kTileFeatures + lane;
       if (lane < kTileFeatures && feature < n) {
         float total = 0.0f;
