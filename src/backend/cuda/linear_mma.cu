@@ -597,8 +597,7 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 // whole by each of ~528 blocks: more bytes through L2 than the weights), with no barrier after the staging.
 // The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same way, so a row's
 // result equals that of a many-row call bit for bit. The last warp to finish a tile's split adds the splits'
-// partials in split order; a warp takes its tickets (release / acquire atomics) only when its stream has
-// ended, as a release may wait for the loads in flight.
+// partials in split order (tickets: release / acquire atomics, no fences).
 struct RowArgs {
   float* out;
   const float* x;
@@ -650,7 +649,6 @@ template <typename Weights, bool kWholeChunks>
 __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     linear_row_kernel(RowArgs a, Weights weights) {
   constexpr int kDepth = Weights::kRowRingDepth;
-  constexpr int kMaxPending = 4;  // split units whose tickets wait for the end of the stream
   extern __shared__ uint4 x_row_storage[];
   const uint32_t* x_row = reinterpret_cast<const uint32_t*>(x_row_storage);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -698,33 +696,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 
   const int64_t n = a.out_features;
   float acc[1][4] = {};
-  // Split units' partials are stored as the stream goes; their tickets wait until it has ended, or until
-  // kMaxPending of them are waiting.
-  int pending[kMaxPending];
-  int pending_count = 0;
-  auto settle_pending = [&] {
-    if (pending_count == 0) return;
-    __syncwarp();  // the warp's partials are stored before lane 0's tickets release them
-    unsigned tickets[kMaxPending];
-#pragma unroll
-    for (int i = 0; i < kMaxPending; ++i)
-      if (i < pending_count && lane == 0) tickets[i] = take_ticket(a.counters + pending[i]);
-    __syncwarp();  // the lanes read partials after lane 0's tickets acquired them
-#pragma unroll
-    for (int i = 0; i < kMaxPending; ++i) {
-      if (i >= pending_count) break;
-      if (__shfl_sync(0xffffffffu, tickets[i], 0) != static_cast<unsigned>(a.splits - 1)) continue;
-      if (lane == 0) a.counters[pending[i]] = 0;  // ready for the next call
-      const int64_t feature = static_cast<int64_t>(pending[i]) * kTileFeatures + lane;
-      if (lane < kTileFeatures && feature < n) {
-        float total = 0.0f;
-        for (int64_t s = 0; s < a.splits; ++s) total += __ldcg(a.partials + s * n + feature);
-        a.out[feature] = total;
-      }
-    }
-    pending_count = 0;
-  };
   // Row 0 of the unit's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
+  // With K split they are the unit's partials: lane 0 takes the tile's ticket, and the warp with the last one
+  // adds the splits' partials in split order.
   auto finish_unit = [&] {
     const bool split_k = a.splits > 1;
     float* target = split_k ? a.partials + computing.split * n : a.out;
@@ -735,11 +709,18 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     }
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
     if (!split_k) return;
-    if (pending_count == kMaxPending) settle_pending();
-#pragma unroll
-    for (int i = 0; i < kMaxPending; ++i)
-      if (i == pending_count) pending[i] = computing.tile;
-    ++pending_count;
+    __syncwarp();  // the warp's partials are stored before lane 0's ticket releases them
+    unsigned ticket = 0;
+    if (lane == 0) ticket = take_ticket(a.counters + computing.tile);
+    __syncwarp();  // the lanes read partials after lane 0's ticket acquired them
+    if (__shfl_sync(0xffffffffu, ticket, 0) != static_cast<unsigned>(a.splits - 1)) return;
+    if (lane == 0) a.counters[computing.tile] = 0;  // ready for the next call
+    const int64_t summed = static_cast<int64_t>(computing.tile) * kTileFeatures + lane;
+    if (lane < kTileFeatures && summed < n) {
+      float total = 0.0f;
+      for (int64_t s = 0; s < a.splits; ++s) total += __ldcg(a.partials + s * n + summed);
+      a.out[summed] = total;
+    }
   };
 
   // Row 0 of x in the B fragments: hi and lo in lanes g == 0 (kHiLoColumns: hi in lanes g == 0, lo in lanes
@@ -769,7 +750,6 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
       computing.advance(a);
     }
   }
-  settle_pending();
 }
 
 // The split of K depends on N and K only (not on the rows, the weight type or the tuning of the grid), so a
