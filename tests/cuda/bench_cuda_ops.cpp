@@ -186,6 +186,27 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
       }
       fmt::print("sweep M={} N={} K={}: default {:.1f} us, best {:.1f} us ({})\n", rows, n, k,
                  default_seconds * 1e6, best_seconds * 1e6, best);
+      if (rows != 1) continue;
+      // The one-row kernel's unit: 1 .. all splits of K per unit (the split itself, the sums, unchanged).
+      const int64_t splits = cuda::linear_mma_workspace_size(1, n, k).partial_floats / n;
+      std::string parts_line;
+      for (int64_t per_part = 1; per_part <= std::max<int64_t>(splits, 1); ++per_part) {
+        const cuda::LinearMmaTuning tuning{0, 0, true, per_part};
+        const double seconds =
+            bench.time(
+                [&] {
+                  for (const LinearWeight& w : weights)
+                    cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
+                                     "linear_mma sweep");
+                },
+                [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
+            kMatrices;
+        results.push_back({{"op", fmt::format("sweep linear W4A16 g32 M=1 N={} K={} splits/unit {} of {}", n,
+                                              k, per_part, splits)},
+                           {"us", seconds * 1e6}});
+        parts_line += fmt::format(" {}:{:.1f}", per_part, seconds * 1e6);
+      }
+      fmt::print("sweep M=1 N={} K={} splits per unit (of {}) -> us:{}\n", n, k, splits, parts_line);
     }
   }
 }

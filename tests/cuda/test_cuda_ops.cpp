@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 #include "backend/cpu/gated_delta_rule.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
@@ -453,6 +454,33 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
                    fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}, x at column {}",
                                c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
                    batch, single, kExact);
+      // The one-row kernel's units of several splits (LinearMmaTuning::row_splits_per_part) add the same
+      // sums.
+      const cuda::LinearMmaWorkspaceSize size = cuda::linear_mma_workspace_size(1, c.n, c.k);
+      const int64_t splits = static_cast<int64_t>(size.partial_floats) / c.n;
+      if (splits < 2) continue;
+      const auto partials = b.gpu().alloc(DType::F32, splits, c.n);
+      const auto counters = b.gpu().alloc(DType::I32, static_cast<int64_t>(size.counters), 1);
+      b.gpu().fill_zero(counters->tensor());
+      for (int64_t per_part : {int64_t{2}, int64_t{3}, splits}) {
+        TensorPair parts = b.poisoned(kRows, c.n);
+        b.gpu().synchronize();
+        const cuda::LinearMmaWorkspace workspace{partials->tensor().ptr<float>(),
+                                                 static_cast<unsigned*>(counters->tensor().data)};
+        for (int64_t r = 0; r < kRows; ++r)
+          cuda::check_cuda(
+              cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w, workspace, nullptr,
+                                      cuda::LinearMmaTuning{0, 0, true, per_part}),
+              "linear with several splits per unit");
+        cuda::check_cuda(cudaDeviceSynchronize(), "linear with several splits per unit");
+        expect_close(
+            "linear",
+            fmt::format("linear {} M=16 rows vs M=1 each with {} of {} splits per unit, N={} K={}, x at "
+                        "column {}",
+                        c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), per_part, splits, c.n, c.k,
+                        offset),
+            batch, b.read_gpu(parts.gpu()), kExact);
+      }
     }
   }
 }

@@ -56,6 +56,8 @@ struct LinearMmaTuning {
   int64_t chunks_per_split = 0;
   int64_t grid_blocks = 0;
   bool one_row_kernel = true;
+  int64_t row_splits_per_part =
+      0;  // the one-row kernel's unit: this many splits of K (the sums stay the same)
 };
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
 LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features,

@@ -602,44 +602,50 @@ struct RowArgs {
   float* out;
   const float* x;
   int64_t out_features, in_features;
-  int64_t chunks, chunks_per_split, splits;
-  int tiles, units;    // units: tiles x splits, split-major
-  int units_per_warp;  // a warp's units are consecutive: one split (or two) and consecutive tiles
+  int chunks, chunks_per_split, splits;  // the split of K (mma_split): it sets the order of a row's sums
+  int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (the kernel's choice)
+  int tiles, units;                      // units: tiles x parts, part-major
+  int units_per_warp;  // a warp's units are consecutive: one part (or two) and consecutive tiles
   float* partials;     // [splits][out_features] when split
   unsigned* counters;  // one per tile, zero between calls
   bool x_aligned;      // float4 loads of x
 };
 
-// Where a warp is in its run of units (32-bit: units and chunks stay below 2^31).
+// Where a warp is in its run of units (32-bit: units and chunks stay below 2^31), and which split of K the
+// chunk belongs to.
 struct RowPosition {
-  int unit, end_unit, tile, split, chunk, end_chunk;
+  int unit, end_unit, tile, part, chunk, end_chunk, split, split_end;
 
   __device__ void at_unit(const RowArgs& a, int u) {
     unit = u;
     if (unit >= end_unit) return;
-    split = unit / a.tiles;
-    tile = unit - split * a.tiles;
-    chunk = split * static_cast<int>(a.chunks_per_split);
-    end_chunk = static_cast<int>(min64(a.chunks, chunk + a.chunks_per_split));
+    part = unit / a.tiles;
+    tile = unit - part * a.tiles;
+    chunk = part * a.chunks_per_part;
+    end_chunk = min(a.chunks, chunk + a.chunks_per_part);
+    split = chunk / a.chunks_per_split;
+    split_end = min(end_chunk, chunk + a.chunks_per_split);
   }
   __device__ bool done() const { return unit >= end_unit; }
   // The next chunk: the next of the unit, or the first of the warp's next unit (true).
   __device__ bool advance(const RowArgs& a) {
-    if (++chunk != end_chunk) return false;
+    if (++chunk != end_chunk) {
+      if (chunk == split_end) ++split, split_end = min(end_chunk, chunk + a.chunks_per_split);
+      return false;
+    }
     at_unit(a, unit + 1);
     return true;
   }
 };
 
-// The chunks of x that the units [first_unit, end_unit) read (split-major units).
+// The chunks of x that the units [first_unit, end_unit) read (part-major units).
 struct RowStage {
   int first_chunk, end_chunk;
 };
 
 __device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_unit) {
-  const int first_split = first_unit / a.tiles, last_split = (end_unit - 1) / a.tiles;
-  const auto per_split = static_cast<int>(a.chunks_per_split);
-  return {first_split * per_split, static_cast<int>(min64(a.chunks, (last_split + 1) * int64_t{per_split}))};
+  const int first_part = first_unit / a.tiles, last_part = (end_unit - 1) / a.tiles;
+  return {first_part * a.chunks_per_part, min(a.chunks, (last_part + 1) * a.chunks_per_part)};
 }
 
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
@@ -696,30 +702,42 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 
   const int64_t n = a.out_features;
   float acc[1][4] = {};
-  // Row 0 of the unit's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
-  // With K split they are the unit's partials: lane 0 takes the tile's ticket, and the warp with the last one
-  // adds the splits' partials in split order.
-  auto finish_unit = [&] {
-    const bool split_k = a.splits > 1;
-    float* target = split_k ? a.partials + computing.split * n : a.out;
+  float total[2] = {};  // a whole-K unit's splits added so far (features g and g + 8)
+  // Row 0 of a split's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
+  // A row's result is its splits' sums added in split order, from zero: here when the unit spans K, else
+  // by the warp that takes a tile's last ticket, from the partials.
+  auto finish_split = [&] {
     const int64_t feature = static_cast<int64_t>(computing.tile) * kTileFeatures + g;
-    if (q == 0) {
-      if (feature < n) target[feature] = acc[0][0];
-      if (feature + 8 < n) target[feature + 8] = acc[0][2];
+    const bool unit_end = computing.chunk + 1 == computing.end_chunk;
+    if (a.splits == 1 || a.parts == 1) {
+      if (a.splits > 1) {
+        total[0] += acc[0][0], total[1] += acc[0][2];
+        acc[0][0] = total[0], acc[0][2] = total[1];
+      }
+      if (unit_end) {
+        if (q == 0 && feature < n) a.out[feature] = acc[0][0];
+        if (q == 0 && feature + 8 < n) a.out[feature + 8] = acc[0][2];
+        total[0] = total[1] = 0.0f;
+      }
+      acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
+      return;
     }
+    float* partial = a.partials + computing.split * n;
+    if (q == 0 && feature < n) partial[feature] = acc[0][0];
+    if (q == 0 && feature + 8 < n) partial[feature + 8] = acc[0][2];
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
-    if (!split_k) return;
+    if (!unit_end) return;
     __syncwarp();  // the warp's partials are stored before lane 0's ticket releases them
     unsigned ticket = 0;
     if (lane == 0) ticket = take_ticket(a.counters + computing.tile);
     __syncwarp();  // the lanes read partials after lane 0's ticket acquired them
-    if (__shfl_sync(0xffffffffu, ticket, 0) != static_cast<unsigned>(a.splits - 1)) return;
+    if (__shfl_sync(0xffffffffu, ticket, 0) != static_cast<unsigned>(a.parts - 1)) return;
     if (lane == 0) a.counters[computing.tile] = 0;  // ready for the next call
     const int64_t summed = static_cast<int64_t>(computing.tile) * kTileFeatures + lane;
     if (lane < kTileFeatures && summed < n) {
-      float total = 0.0f;
-      for (int64_t s = 0; s < a.splits; ++s) total += __ldcg(a.partials + s * n + summed);
-      a.out[summed] = total;
+      float sum = 0.0f;
+      for (int64_t s = 0; s < a.splits; ++s) sum += __ldcg(a.partials + s * n + summed);
+      a.out[summed] = sum;
     }
   };
 
@@ -746,7 +764,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
         }
       }
       load_next(ring[j]);
-      if (computing.chunk + 1 == computing.end_chunk) finish_unit();
+      if (computing.chunk + 1 == computing.split_end) finish_split();
       computing.advance(a);
     }
   }
@@ -835,7 +853,12 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
-  const int64_t units = tiles * split.splits;
+  // A unit's part of K: whole splits (the sums do not depend on it), as many as the tuning asks for.
+  const int64_t splits_per_part =
+      tuning.row_splits_per_part > 0 ? std::min(split.splits, tuning.row_splits_per_part) : 1;
+  const int64_t chunks_per_part = splits_per_part * split.chunks_per_split;
+  const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
+  const int64_t units = tiles * parts;
   int device = 0, multiprocessors = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess)
@@ -849,9 +872,11 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
                      x.ptr<const float>(),
                      out_features,
                      in_features,
-                     split.chunks,
-                     split.chunks_per_split,
-                     split.splits,
+                     static_cast<int>(split.chunks),
+                     static_cast<int>(split.chunks_per_split),
+                     static_cast<int>(split.splits),
+                     static_cast<int>(chunks_per_part),
+                     static_cast<int>(parts),
                      static_cast<int>(tiles),
                      static_cast<int>(units),
                      static_cast<int>(units_per_warp),
@@ -859,9 +884,9 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
                      workspace.counters,
                      rows_aligned_to_float4(x)};
   const dim3 grid(static_cast<unsigned>((units + block_units - 1) / block_units));
-  // A block's units span at most this many splits (whatever its first unit), so many chunks of x.
-  const int64_t spanned = std::min(split.splits, (block_units - 1) / tiles + 2);
-  const int64_t staged_chunks = std::min(split.chunks, spanned * split.chunks_per_split);
+  // A block's units span at most this many parts (whatever its first unit), so many chunks of x.
+  const int64_t spanned = std::min(parts, (block_units - 1) / tiles + 2);
+  const int64_t staged_chunks = std::min(split.chunks, spanned * chunks_per_part);
   const auto shared = static_cast<size_t>(staged_chunks * kChunkK * static_cast<int64_t>(sizeof(uint32_t)));
   if (weights.whole_chunk_loads(in_features))
     return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
