@@ -853,12 +853,6 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
-  // A unit's part of K: whole splits (the sums do not depend on it), as many as the tuning asks for.
-  const int64_t splits_per_part =
-      tuning.row_splits_per_part > 0 ? std::min(split.splits, tuning.row_splits_per_part) : 1;
-  const int64_t chunks_per_part = splits_per_part * split.chunks_per_split;
-  const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
-  const int64_t units = tiles * parts;
   int device = 0, multiprocessors = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess)
@@ -866,6 +860,15 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
   if (status != cudaSuccess) return status;
   const int64_t resident =
       tuning.grid_blocks > 0 ? tuning.grid_blocks : int64_t{kRowBlocksPerMultiprocessor} * multiprocessors;
+  // A unit's part of K: whole splits (the sums do not depend on it). Whole K when the tiles alone busy half
+  // the resident warps (no partials, no tickets), else two splits: the best of the sweep over the 4B's
+  // shapes on the H200 (bench/results/cuda-ops-notes.md, session 6).
+  const int64_t splits_per_part = tuning.row_splits_per_part > 0   ? tuning.row_splits_per_part
+                                  : 2 * tiles >= resident * kWarps ? split.splits
+                                                                   : 2;
+  const int64_t chunks_per_part = std::min(split.splits, splits_per_part) * split.chunks_per_split;
+  const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
+  const int64_t units = tiles * parts;
   const int64_t units_per_warp = (units + resident * kWarps - 1) / (resident * kWarps);
   const int64_t block_units = kWarps * units_per_warp;
   const RowArgs args{out.ptr<float>(),
