@@ -47,6 +47,26 @@ TEST_F(CpuErrors, Linear) {
       {"linear", "weight", "[3, 16]", "[4, 16]"});
 }
 
+// The gated MLP: the gate|up weight twice the intermediate size, act shaped [T, I], scratch apart from x and
+// out.
+TEST_F(CpuErrors, Mlp) {
+  TestTensor x = f32(2, 16), out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8);
+  TestTensor w_gate_up(DType::BF16, 16, 16), w_down(DType::BF16, 16, 8), w_wide(DType::BF16, 12, 16);
+  const LinearWeight gate_up_weight{16, 16, w_gate_up.view(), {}, {}, 0},
+      down{16, 8, w_down.view(), {}, {}, 0};
+  expect_error(
+      [&] {
+        backend->mlp(out.view(), gate_up.view(), act.view(), x.view(), {12, 16, w_wide.view(), {}, {}, 0},
+                     down);
+      },
+      {"mlp", "12 output features", "twice", "(16)"});
+  expect_error(
+      [&] { backend->mlp(out.view(), gate_up.view(), f32(2, 7).view(), x.view(), gate_up_weight, down); },
+      {"mlp", "act", "[2, 7]", "[2, 8]"});
+  expect_error([&] { backend->mlp(out.view(), x.view(), act.view(), x.view(), gate_up_weight, down); },
+               {"mlp", "gate_up must not alias x or out"});
+}
+
 TEST_F(CpuErrors, LinearW4A16) {
   TestTensor x = f32(2, 64), out = f32(2, 4);
   TestTensor packed(DType::I32, 4, 8), scales(DType::BF16, 4, 2), packed_f32 = f32(4, 8);

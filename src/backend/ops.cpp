@@ -34,4 +34,13 @@ void Backend::gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor
   gdn_gates(beta, g, beta, g, a_log, dt_bias);
 }
 
+void Backend::mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
+                  const LinearWeight& w_gate_up, const LinearWeight& w_down) {
+  check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
+  const int64_t intermediate = w_down.in_features;
+  linear(gate_up, x, w_gate_up);
+  silu_mul(act, gate_up.cols_view(0, intermediate), gate_up.cols_view(intermediate, intermediate));
+  linear(out, act, w_down);
+}
+
 }  // namespace qspec

@@ -120,6 +120,11 @@ class Backend {
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // out = silu(gate) * up
   virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // The gated MLP: out = down(silu(gate) * up), [gate | up] = x W_gate_up^T (gate the first half of its
+  // columns). gate_up [T, 2I] and act [T, I] are the op's scratch: the default runs linear, silu_mul and
+  // linear through them; a backend may fuse the three (values as the three ops make them).
+  virtual void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
+                   const LinearWeight& w_gate_up, const LinearWeight& w_down);
   // out = x * sigmoid(gate)
   virtual void sigmoid_mul(const Tensor& out, const Tensor& x, const Tensor& gate) = 0;
   // q_proj output [T, nh * 2 * hd] interleaved per head (query, gate) -> query [T, nh*hd], gate [T, nh*hd]

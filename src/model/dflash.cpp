@@ -200,11 +200,8 @@ void DFlashModel::context_step(DFlashState& state, std::span<const Tensor> featu
 }
 
 void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out) {
-  const int64_t FF = config_.intermediate_size;
-  const Tensor gate_up = ws_->mlp_gate_up->tensor();
-  stacked_linear(backend_, gate_up, x, layer.mlp_gate_up);
-  backend_.silu_mul(ws_->mlp_act->tensor(), gate_up.cols_view(0, FF), gate_up.cols_view(FF, FF));
-  backend_.linear(out, ws_->mlp_act->tensor(), layer.mlp_down);
+  gated_mlp(backend_, out, ws_->mlp_gate_up->tensor(), ws_->mlp_act->tensor(), x, layer.mlp_gate_up,
+            layer.mlp_down);
 }
 
 DraftOutput DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {

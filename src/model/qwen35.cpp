@@ -220,11 +220,8 @@ bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
 
 void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out) {
   const int64_t T = x.rows;
-  const int64_t FF = config_.intermediate_size;
-  Tensor gate_up = first_rows(ws_->mlp_gate_up, T), act = first_rows(ws_->mlp_act, T);
-  stacked_linear(backend_, gate_up, x, layer.mlp_gate_up);
-  backend_.silu_mul(act, gate_up.cols_view(0, FF), gate_up.cols_view(FF, FF));
-  backend_.linear(out, act, layer.mlp_down);
+  gated_mlp(backend_, out, first_rows(ws_->mlp_gate_up, T), first_rows(ws_->mlp_act, T), x, layer.mlp_gate_up,
+            layer.mlp_down);
 }
 
 void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,

@@ -508,6 +508,79 @@ TEST(CudaOps, LinearRowsIndependentOfTileGrouping) {
   }
 }
 
+// The gated MLP (Backend::mlp): the CUDA backend's down projection makes silu(gate) * up while it stages x
+// (no silu_mul launch), which must give the three ops' values bit for bit (linear, silu_mul, linear on the
+// GPU), at one row (the one-row kernel) and at 16 (the many-row kernel), and so the rows of a 16-row call
+// equal each row alone; all of it against the CPU too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's),
+// F16 scales at small K (3 and 5 chunks), BF16 weights, and K not a multiple of the 128-k chunk.
+TEST(CudaOps, Mlp) {
+  std::mt19937 rng(63);
+  auto& b = backends();
+  constexpr int64_t kRows = 16;
+  struct Case {
+    int64_t hidden, intermediate;
+    int group;  // 0: BF16 weights
+    DType scale_dtype;
+  };
+  for (const Case& c :
+       {Case{2560, 9216, 32, DType::BF16}, Case{2560, 9728, 128, DType::BF16}, Case{384, 640, 32, DType::F16},
+        Case{2560, 9216, 0, DType::BF16}, Case{2592, 1000, 32, DType::BF16}}) {
+    auto make_weight = [&](int64_t n, int64_t k, std::vector<WeightPair>& keep) {
+      LinearWeight cpu{n, k, {}, {}, {}, c.group}, gpu = cpu;
+      if (c.group == 0) {
+        const WeightPair& weight =
+            keep.emplace_back(b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f)));
+        cpu.weight = weight.cpu, gpu.weight = weight.gpu;
+        return std::pair{cpu, gpu};
+      }
+      std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
+      for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
+      const WeightPair& packed = keep.emplace_back(b.packed_int4(n, k / 8, std::move(packed_bytes)));
+      const int64_t groups = (k + c.group - 1) / c.group;
+      const WeightPair& scales = keep.emplace_back(
+          b.weight(c.scale_dtype, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f)));
+      cpu.packed = packed.cpu, cpu.scales = scales.cpu, gpu.packed = packed.gpu, gpu.scales = scales.gpu;
+      return std::pair{cpu, gpu};
+    };
+    std::vector<WeightPair> keep;
+    keep.reserve(4);
+    const auto [gate_up_cpu, gate_up_gpu] = make_weight(2 * c.intermediate, c.hidden, keep);
+    const auto [down_cpu, down_gpu] = make_weight(c.hidden, c.intermediate, keep);
+    const TensorPair x = b.activation(kRows, c.hidden, random_floats(rng, kRows * c.hidden, -1.0f, 1.0f));
+    TensorPair gate_up = b.poisoned(kRows, 2 * c.intermediate), act = b.poisoned(kRows, c.intermediate);
+    TensorPair together = b.poisoned(kRows, c.hidden), alone = b.poisoned(kRows, c.hidden);
+    on_both([&](const Side& s) {
+      s.backend.mlp(s(together), s(gate_up), s(act), s(x), s.gpu ? gate_up_gpu : gate_up_cpu,
+                    s.gpu ? down_gpu : down_cpu);
+    });
+    for (int64_t r = 0; r < kRows; ++r)
+      b.gpu().mlp(alone.gpu().rows_view(r, 1), gate_up.gpu().rows_view(r, 1), act.gpu().rows_view(r, 1),
+                  x.gpu().rows_view(r, 1), gate_up_gpu, down_gpu);
+    const std::string label = fmt::format(
+        "mlp {} H={} I={}",
+        c.group == 0 ? "BF16" : fmt::format("W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)),
+        c.hidden, c.intermediate);
+    // The three ops on the GPU, at 16 rows and at each row alone.
+    TensorPair three = b.poisoned(kRows, c.hidden), three_alone = b.poisoned(kRows, c.hidden);
+    auto three_ops = [&](const Tensor& out, int64_t first, int64_t rows) {
+      const Tensor gu = gate_up.gpu().rows_view(first, rows), a = act.gpu().rows_view(first, rows);
+      b.gpu().linear(gu, x.gpu().rows_view(first, rows), gate_up_gpu);
+      b.gpu().silu_mul(a, gu.cols_view(0, c.intermediate), gu.cols_view(c.intermediate, c.intermediate));
+      b.gpu().linear(out, a, down_gpu);
+    };
+    three_ops(three.gpu(), 0, kRows);
+    for (int64_t r = 0; r < kRows; ++r) three_ops(three_alone.gpu().rows_view(r, 1), r, 1);
+    // Two linears in a row: twice the linear's tolerance.
+    compare("mlp", label + " M=16", together, 2 * kLinearTolerance);
+    expect_close("mlp", label + " M=16 vs linear, silu_mul, linear", b.read_gpu(together.gpu()),
+                 b.read_gpu(three.gpu()), kExact);
+    expect_close("mlp", label + " M=1 each vs linear, silu_mul, linear", b.read_gpu(alone.gpu()),
+                 b.read_gpu(three_alone.gpu()), kExact);
+    expect_close("mlp", label + " M=16 rows vs M=1 each", b.read_gpu(together.gpu()), b.read_gpu(alone.gpu()),
+                 kExact);
+  }
+}
+
 TEST(CudaOps, Elementwise) {
   std::mt19937 rng(7);
   auto& b = backends();

@@ -232,6 +232,19 @@ class CudaBackend final : public Backend {
       check_cuda(launch_dense_linear(out, x, w.weight, stream()), "linear (dense)");
   }
 
+  // The down projection stages silu(gate) * up itself: no silu_mul launch, act unused.
+  void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
+           const LinearWeight& w_gate_up, const LinearWeight& w_down) override {
+    check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
+    if (!gated_linear_mma_supports(gate_up, w_down)) {
+      Backend::mlp(out, gate_up, act, x, w_gate_up, w_down);
+      return;
+    }
+    linear(gate_up, x, w_gate_up);
+    check_cuda(launch_gated_linear_mma(out, gate_up, w_down, linear_mma_workspace(x.rows, w_down), stream()),
+               "mlp down projection (tensor cores)");
+  }
+
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
     check_elementwise_args("add", "a", "b", out, a, b);
     check_cuda(launch_elementwise(Elementwise::Add, out, a, b, stream()), "add");

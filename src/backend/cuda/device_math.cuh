@@ -47,6 +47,10 @@ __device__ inline float sigmoid(float x) {
 __device__ inline float silu(float x) {
   return x / (1.0f + expf(-x));
 }
+// The gated MLP's activation, one expression wherever it is computed (silu_mul, the fused MLP).
+__device__ inline float silu_mul(float gate, float up) {
+  return silu(gate) * up;
+}
 // F.softplus(x, beta=1, threshold=20)
 __device__ inline float softplus(float x) {
   return x > 20.0f ? x : log1pf(expf(x));

@@ -20,7 +20,7 @@ __device__ inline float combine(float a, float b) {
   if constexpr (kOp == Elementwise::Add)
     return a + b;
   else if constexpr (kOp == Elementwise::SiluMul)
-    return silu(a) * b;
+    return silu_mul(a, b);
   else
     return a * sigmoid(b);
 }

@@ -372,6 +372,7 @@ struct MmaArgs {
   float* out;
   int64_t out_stride;
   const float* x;
+  const float* up;  // the gated MLP's up half (x the gate half): x is silu(x) * up; else null
   int64_t x_stride;
   int64_t rows, out_features, in_features;
   int passes, splits;  // rows / 16 (rounded up); parts of K
@@ -398,24 +399,34 @@ __device__ inline MmaItem mma_item(const MmaArgs& a, int64_t item) {
   return i;
 }
 
+template <bool kAligned>
+__device__ inline void load8(float (&v)[8], const float* p) {
+  if constexpr (kAligned) {
+    const float4 v0 = reinterpret_cast<const float4*>(p)[0], v1 = reinterpret_cast<const float4*>(p)[1];
+    v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = p[j];
+  }
+}
+
 // Stages `groups` x 8 values of x rows [0, rows_here) from k0 as (hi, lo) BF16 pairs (i, i + 4) per 8 values,
-// row r at word r * row_words; zeros past in_features.
+// row r at word r * row_words; zeros past in_features. With `up` (rows at x's stride), x is the gated MLP's
+// activation silu(x) * up, made here as the silu_mul op makes it.
 template <bool kAlignedX>
-__device__ void stage_x(uint32_t* x_stage, const float* x, int64_t x_stride, int64_t in_features,
-                        int rows_here, int64_t k0, int groups, int row_words) {
+__device__ void stage_x(uint32_t* x_stage, const float* x, const float* up, int64_t x_stride,
+                        int64_t in_features, int rows_here, int64_t k0, int groups, int row_words) {
   for (int i = static_cast<int>(threadIdx.x); i < rows_here * groups; i += kThreads) {
     const int r = i / groups, c = i % groups;
     const int64_t k = k0 + 8 * c;
     float v[8];
     if (k < in_features) {
-      const float* p = x + r * x_stride + k;
-      if constexpr (kAlignedX) {
-        const float4 v0 = reinterpret_cast<const float4*>(p)[0], v1 = reinterpret_cast<const float4*>(p)[1];
-        v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z,
-        v[7] = v1.w;
-      } else {
+      load8<kAlignedX>(v, x + r * x_stride + k);
+      if (up != nullptr) {
+        float u[8];
+        load8<kAlignedX>(u, up + r * x_stride + k);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = p[j];
+        for (int j = 0; j < 8; ++j) v[j] = silu_mul(v[j], u[j]);
       }
     } else {
 #pragma unroll
@@ -542,8 +553,9 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
     const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
     __syncthreads();  // the previous stage's x is consumed
-    stage_x<kAlignedX>(x_stage, a.x + first_row * a.x_stride, a.x_stride, a.in_features, rows_here,
-                       stage * kChunkK, kStageK / 8, kRowWords);
+    stage_x<kAlignedX>(x_stage, a.x + first_row * a.x_stride,
+                       a.up != nullptr ? a.up + first_row * a.x_stride : nullptr, a.x_stride, a.in_features,
+                       rows_here, stage * kChunkK, kStageK / 8, kRowWords);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
@@ -601,6 +613,7 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 struct RowArgs {
   float* out;
   const float* x;
+  const float* up;  // as MmaArgs::up
   int64_t out_features, in_features;
   int chunks, chunks_per_split, splits;  // the split of K (mma_split): it sets the order of a row's sums
   int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (the kernel's choice)
@@ -695,9 +708,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   const int x_groups = (stage.end_chunk - stage.first_chunk) * kChunkK / 8;
   const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
   if (a.x_aligned)
-    stage_x<true>(x_stage, a.x, 0, a.in_features, 1, k0, x_groups, 0);
+    stage_x<true>(x_stage, a.x, a.up, 0, a.in_features, 1, k0, x_groups, 0);
   else
-    stage_x<false>(x_stage, a.x, 0, a.in_features, 1, k0, x_groups, 0);
+    stage_x<false>(x_stage, a.x, a.up, 0, a.in_features, 1, k0, x_groups, 0);
   __syncthreads();
 
   const int64_t n = a.out_features;
@@ -813,8 +826,8 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
 }
 
 template <typename Weights, int kHalves>
-cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
-                       const Weights& weights, const LinearMmaWorkspace& workspace,
+cudaError_t launch_mma(const Tensor& out, const Tensor& x, const float* up, int64_t out_features,
+                       int64_t in_features, const Weights& weights, const LinearMmaWorkspace& workspace,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   constexpr int64_t kGroupFeatures = kWarps * Weights::tiles_per_warp(kHalves) * kTileFeatures;
@@ -823,6 +836,7 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
   const MmaArgs args{out.ptr<float>(),
                      out.stride,
                      x.ptr<const float>(),
+                     up,
                      x.stride,
                      x.rows,
                      out_features,
@@ -848,8 +862,8 @@ int64_t whole_x_stage_bytes(int64_t in_features) {
 }
 
 template <typename Weights>
-cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
-                       const Weights& weights, const LinearMmaWorkspace& workspace,
+cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int64_t out_features,
+                       int64_t in_features, const Weights& weights, const LinearMmaWorkspace& workspace,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
@@ -873,6 +887,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
   const int64_t block_units = kWarps * units_per_warp;
   const RowArgs args{out.ptr<float>(),
                      x.ptr<const float>(),
+                     up,
                      out_features,
                      in_features,
                      static_cast<int>(split.chunks),
@@ -897,14 +912,14 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, int64_t out_features,
 }
 
 template <typename Weights>
-cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
-                            const Weights& weights, const LinearMmaWorkspace& workspace,
+cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, const float* up, int64_t out_features,
+                            int64_t in_features, const Weights& weights, const LinearMmaWorkspace& workspace,
                             const LinearMmaTuning& tuning, cudaStream_t stream) {
   if (x.rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes)
-    return launch_row(out, x, out_features, in_features, weights, workspace, tuning, stream);
+    return launch_row(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
   if (x.rows <= 8)
-    return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
-  return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);
+    return launch_mma<Weights, 1>(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
+  return launch_mma<Weights, 2>(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
 }
 
 bool aligned(const void* p, uintptr_t bytes) {
@@ -936,7 +951,7 @@ bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
 namespace {
 
 template <typename S, ScaleLoad kScales>
-cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
+cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
                                const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
                                cudaStream_t stream) {
   const PackedInt4Weights<S, kScales> weights{w.packed.ptr<const uint32_t>(),
@@ -945,19 +960,35 @@ cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearW
                                               w.scales.stride,
                                               static_cast<uint32_t>(w.group_size / kBlockK),
                                               w.in_features / kBlockK};
-  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
+  return launch_for_rows(out, x, up, w.out_features, w.in_features, weights, workspace, tuning, stream);
 }
 
 template <typename S>
-cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearWeight& w,
+cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
                                const LinearMmaWorkspace& workspace, const LinearMmaTuning& tuning,
                                cudaStream_t stream) {
   const bool vector = w.group_size == kBlockK && w.in_features % kChunkK == 0 && aligned(w.scales.data, 8) &&
                       (w.scales.rows <= 1 || w.scales.stride % 4 == 0);
-  if (vector) return launch_packed_int4<S, ScaleLoad::Vector>(out, x, w, workspace, tuning, stream);
+  if (vector) return launch_packed_int4<S, ScaleLoad::Vector>(out, x, up, w, workspace, tuning, stream);
   if (w.group_size == kChunkK)
-    return launch_packed_int4<S, ScaleLoad::PerChunk>(out, x, w, workspace, tuning, stream);
-  return launch_packed_int4<S, ScaleLoad::PerBlock>(out, x, w, workspace, tuning, stream);
+    return launch_packed_int4<S, ScaleLoad::PerChunk>(out, x, up, w, workspace, tuning, stream);
+  return launch_packed_int4<S, ScaleLoad::PerBlock>(out, x, up, w, workspace, tuning, stream);
+}
+
+}  // namespace
+
+namespace {
+
+cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
+                              const LinearMmaWorkspace& workspace, cudaStream_t stream,
+                              const LinearMmaTuning& tuning) {
+  if (w.quantized()) {
+    if (w.scales.dtype == DType::BF16)
+      return launch_packed_int4<__nv_bfloat16>(out, x, up, w, workspace, tuning, stream);
+    return launch_packed_int4<__half>(out, x, up, w, workspace, tuning, stream);
+  }
+  const Bf16Weights weights{w.weight.ptr<const uint4>(), w.weight.stride / 8, w.in_features / kBlockK};
+  return launch_for_rows(out, x, up, w.out_features, w.in_features, weights, workspace, tuning, stream);
 }
 
 }  // namespace
@@ -965,13 +996,19 @@ cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const LinearW
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning) {
-  if (w.quantized()) {
-    if (w.scales.dtype == DType::BF16)
-      return launch_packed_int4<__nv_bfloat16>(out, x, w, workspace, tuning, stream);
-    return launch_packed_int4<__half>(out, x, w, workspace, tuning, stream);
-  }
-  const Bf16Weights weights{w.weight.ptr<const uint4>(), w.weight.stride / 8, w.in_features / kBlockK};
-  return launch_for_rows(out, x, w.out_features, w.in_features, weights, workspace, tuning, stream);
+  return launch_linear_mma(out, x, nullptr, w, workspace, stream, tuning);
+}
+
+bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w) {
+  return gate_up.cols == 2 * w.in_features && linear_mma_supports(gate_up.cols_view(0, w.in_features), w);
+}
+
+cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
+                                    const LinearMmaWorkspace& workspace, cudaStream_t stream) {
+  // The up half shares the gate half's row stride and, in_features being a multiple of 32, its alignment.
+  const Tensor gate = gate_up.cols_view(0, w.in_features),
+               up = gate_up.cols_view(w.in_features, w.in_features);
+  return launch_linear_mma(out, gate, up.ptr<const float>(), w, workspace, stream, {});
 }
 
 }  // namespace qspec::cuda
