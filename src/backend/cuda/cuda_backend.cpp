@@ -238,7 +238,7 @@ class CudaBackend final : public Backend {
   void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
            const LinearWeight& w_gate_up, const LinearWeight& w_down) override {
     check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
-    if (x.rows != 1 || !gated_linear_mma_supports(gate_up, w_down)) {
+    if (!gated_linear_mma_supports(gate_up, w_down)) {
       Backend::mlp(out, gate_up, act, x, w_gate_up, w_down);
       return;
     }

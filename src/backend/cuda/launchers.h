@@ -65,8 +65,8 @@ LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_featu
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning = {});
-// The gated MLP's down projection: out = (silu(gate) * up) W^T for gate_up = [gate | up] (each w.in_features
-// columns), the activation made while x is staged, as the silu_mul op makes it.
+// The gated MLP's down projection for one row: out = (silu(gate) * up) W^T for gate_up = [gate | up] (each
+// w.in_features columns), the activation made by the one-row kernel while it stages x, as silu_mul makes it.
 bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w);
 cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream);

@@ -372,7 +372,6 @@ struct MmaArgs {
   float* out;
   int64_t out_stride;
   const float* x;
-  const float* up;  // the gated MLP's up half (x the gate half): x is silu(x) * up; else null
   int64_t x_stride;
   int64_t rows, out_features, in_features;
   int passes, splits;  // rows / 16 (rounded up); parts of K
@@ -553,9 +552,8 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
     const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
     __syncthreads();  // the previous stage's x is consumed
-    stage_x<kAlignedX>(x_stage, a.x + first_row * a.x_stride,
-                       a.up != nullptr ? a.up + first_row * a.x_stride : nullptr, a.x_stride, a.in_features,
-                       rows_here, stage * kChunkK, kStageK / 8, kRowWords);
+    stage_x<kAlignedX>(x_stage, a.x + first_row * a.x_stride, nullptr, a.x_stride, a.in_features, rows_here,
+                       stage * kChunkK, kStageK / 8, kRowWords);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
@@ -613,7 +611,7 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 struct RowArgs {
   float* out;
   const float* x;
-  const float* up;  // as MmaArgs::up
+  const float* up;  // the gated MLP's up half (x the gate half): x is silu(x) * up; else null
   int64_t out_features, in_features;
   int chunks, chunks_per_split, splits;  // the split of K (mma_split): it sets the order of a row's sums
   int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (the kernel's choice)
@@ -826,8 +824,8 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
 }
 
 template <typename Weights, int kHalves>
-cudaError_t launch_mma(const Tensor& out, const Tensor& x, const float* up, int64_t out_features,
-                       int64_t in_features, const Weights& weights, const LinearMmaWorkspace& workspace,
+cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
+                       const Weights& weights, const LinearMmaWorkspace& workspace,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
   constexpr int64_t kGroupFeatures = kWarps * Weights::tiles_per_warp(kHalves) * kTileFeatures;
@@ -836,7 +834,6 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, const float* up, int6
   const MmaArgs args{out.ptr<float>(),
                      out.stride,
                      x.ptr<const float>(),
-                     up,
                      x.stride,
                      x.rows,
                      out_features,
@@ -917,9 +914,10 @@ cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, const float* up,
                             const LinearMmaTuning& tuning, cudaStream_t stream) {
   if (x.rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes)
     return launch_row(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
+  if (up != nullptr) return cudaErrorInvalidValue;  // the gated x: one row only (gated_linear_mma_supports)
   if (x.rows <= 8)
-    return launch_mma<Weights, 1>(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
-  return launch_mma<Weights, 2>(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
+    return launch_mma<Weights, 1>(out, x, out_features, in_features, weights, workspace, tuning, stream);
+  return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);
 }
 
 bool aligned(const void* p, uintptr_t bytes) {
@@ -1000,7 +998,9 @@ cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWe
 }
 
 bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w) {
-  return gate_up.cols == 2 * w.in_features && linear_mma_supports(gate_up.cols_view(0, w.in_features), w);
+  return gate_up.rows == 1 && gate_up.cols == 2 * w.in_features &&
+         whole_x_stage_bytes(w.in_features) <= kRowMaxStageBytes &&
+         linear_mma_supports(gate_up.cols_view(0, w.in_features), w);
 }
 
 cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
