@@ -153,6 +153,18 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
       const Tensor partials = bench.activation(static_cast<int64_t>(most.partial_floats / n) + 1, n, 0, 0);
       const Tensor counters = bench.indices(std::vector<int32_t>(most.counters + 1, 0));
       const cuda::LinearMmaWorkspace workspace{partials.ptr<float>(), static_cast<unsigned*>(counters.data)};
+      // Seconds per call; launched on the default stream (not the backend's), so waited for with device
+      // synchronizations.
+      auto time_tuning = [&](const cuda::LinearMmaTuning& tuning) {
+        return bench.time(
+                   [&] {
+                     for (const LinearWeight& w : weights)
+                       cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
+                                        "linear_mma sweep");
+                   },
+                   [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
+               kMatrices;
+      };
       std::string best;
       double best_seconds = 1e9, default_seconds = 0;
       for (int64_t per_split :
@@ -160,17 +172,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
         for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor})
           for (bool one_row_kernel : {true, false}) {
             if (!one_row_kernel && rows > 1) continue;
-            const cuda::LinearMmaTuning tuning{per_split, grid, one_row_kernel};
-            // Launched on the default stream (not the backend's), so waited for with device synchronizations.
-            const double seconds =
-                bench.time(
-                    [&] {
-                      for (const LinearWeight& w : weights)
-                        cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
-                                         "linear_mma sweep");
-                    },
-                    [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
-                kMatrices;
+            const double seconds = time_tuning({per_split, grid, one_row_kernel});
             const std::string name = fmt::format(
                 "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}{}", rows, n, k,
                 per_split == 0 ? "default" : std::to_string(per_split), grid == 0 ? "default" : "528 walking",
@@ -191,16 +193,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
       const int64_t splits = cuda::linear_mma_workspace_size(1, n, k).partial_floats / n;
       std::string parts_line;
       for (int64_t per_part = 1; per_part <= std::max<int64_t>(splits, 1); ++per_part) {
-        const cuda::LinearMmaTuning tuning{0, 0, true, per_part};
-        const double seconds =
-            bench.time(
-                [&] {
-                  for (const LinearWeight& w : weights)
-                    cuda::check_cuda(cuda::launch_linear_mma(out, x, w, workspace, nullptr, tuning),
-                                     "linear_mma sweep");
-                },
-                [] { cuda::check_cuda(cudaDeviceSynchronize(), "linear_mma sweep"); }) /
-            kMatrices;
+        const double seconds = time_tuning({0, 0, true, per_part});
         results.push_back({{"op", fmt::format("sweep linear W4A16 g32 M=1 N={} K={} splits/unit {} of {}", n,
                                               k, per_part, splits)},
                            {"us", seconds * 1e6}});

@@ -511,8 +511,8 @@ TEST(CudaOps, LinearRowsIndependentOfTileGrouping) {
 // The gated MLP (Backend::mlp): at one row the CUDA backend's down projection makes silu(gate) * up while it
 // stages x (no silu_mul launch), which must give the three ops' values bit for bit (linear, silu_mul, linear
 // on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone; all of it against the CPU
-// too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's),
-// F16 scales at small K (3 and 5 chunks), BF16 weights, and K not a multiple of the 128-k chunk.
+// too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's), F16 scales at small K (3 and 5 chunks), BF16
+// weights, and K not a multiple of 32 (the three ops at one row too).
 TEST(CudaOps, Mlp) {
   std::mt19937 rng(63);
   auto& b = backends();
