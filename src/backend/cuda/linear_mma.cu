@@ -601,13 +601,15 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
-// (16-feature tile, split of K) are numbered split-major; every warp walks a run of consecutive units (one
-// split, or two, and consecutive tiles), keeping kRowRingDepth chunks of weights in flight across unit
-// boundaries, and a block stages only the slice of x that its warps' splits read (a 9216-value x was staged
-// whole by each of ~528 blocks: more bytes through L2 than the weights), with no barrier after the staging.
-// The split of K is the many-row kernel's (mma_split), and each unit's sums are made the same way, so a row's
-// result equals that of a many-row call bit for bit. The last warp to finish a tile's split adds the splits'
-// partials in split order (tickets: release / acquire atomics, no fences).
+// (16-feature tile, part of K: a whole number of splits) are numbered part-major; every warp walks a run of
+// consecutive units (one part, or two, and consecutive tiles), keeping kRowRingDepth chunks of weights in
+// flight across unit boundaries, and a block stages only the slice of x that its warps' parts read (a
+// 9216-value x was staged whole by each of ~528 blocks: more bytes through L2 than the weights), with no
+// barrier after the staging; for the gated MLP's down projection the staging makes silu(gate) * up. The split
+// of K is the many-row kernel's (mma_split) and each split's sums are made the same way, so a row's result
+// equals that of a many-row call bit for bit, whatever the parts: a unit spanning K adds its splits' sums in
+// split order itself; otherwise it stores one partial per split, and the warp that takes the tile's last
+// ticket (release / acquire atomics, no fences) adds them in split order.
 struct RowArgs {
   float* out;
   const float* x;
@@ -972,10 +974,6 @@ cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const float* 
     return launch_packed_int4<S, ScaleLoad::PerChunk>(out, x, up, w, workspace, tuning, stream);
   return launch_packed_int4<S, ScaleLoad::PerBlock>(out, x, up, w, workspace, tuning, stream);
 }
-
-}  // namespace
-
-namespace {
 
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
