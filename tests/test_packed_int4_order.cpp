@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -40,6 +42,26 @@ TEST(PackedInt4Order, APartialLastChunkKeepsTheCheckpointOrder) {
   const int64_t words_per_row = 35;  // two whole chunks, then 3 words (K = 280)
   for (int64_t w = 32; w < 35; ++w) EXPECT_EQ(packed_word_position(w, words_per_row), w);
   EXPECT_EQ(packed_word_position(1, words_per_row), 4);  // a whole chunk is reordered
+}
+
+// The upload's chunk-at-a-time copy puts every word where packed_word_position says, from unaligned bytes,
+// for rows of whole chunks, of a partial chunk only, and of both.
+TEST(PackedInt4Order, DeviceOrderCopyMovesEveryWordToItsPosition) {
+  std::mt19937 rng(7);
+  for (int64_t words_per_row : {1, 15, 16, 35, 320}) {
+    const int64_t rows = 3;
+    std::vector<uint32_t> words(static_cast<size_t>(rows * words_per_row));
+    for (uint32_t& word : words) word = static_cast<uint32_t>(rng());
+    std::vector<unsigned char> unaligned(words.size() * 4 + 1);
+    std::memcpy(unaligned.data() + 1, words.data(), words.size() * 4);
+    std::vector<uint32_t> ordered(words.size(), 0xDEADBEEFu);
+    packed_int4_device_order(ordered.data(), unaligned.data() + 1, rows, words_per_row);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t w = 0; w < words_per_row; ++w)
+        ASSERT_EQ(ordered[static_cast<size_t>(r * words_per_row + packed_word_position(w, words_per_row))],
+                  words[static_cast<size_t>(r * words_per_row + w)])
+            << "row " << r << " word " << w << " of " << words_per_row;
+  }
 }
 
 }  // namespace

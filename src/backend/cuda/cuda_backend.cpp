@@ -29,18 +29,6 @@ constexpr int64_t kMaxRows = 65535;
 // Rows of logits the argmax workspace holds at least.
 constexpr int64_t kArgmaxWorkspaceRows = 64;
 
-// Checkpoint-order packed W4A16 words in the backend's order (packed_int4_order.h). `words` may be unaligned
-// (a safetensors mapping).
-std::vector<uint32_t> packed_int4_device_order(const void* words, int64_t rows, int64_t words_per_row) {
-  std::vector<uint32_t> ordered(static_cast<size_t>(rows * words_per_row));
-  const auto* bytes = static_cast<const uint8_t*>(words);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t w = 0; w < words_per_row; ++w)
-      std::memcpy(&ordered[static_cast<size_t>(r * words_per_row + packed_word_position(w, words_per_row))],
-                  bytes + (r * words_per_row + w) * 4, 4);
-  return ordered;
-}
-
 class CudaBuffer final : public Buffer {
  public:
   CudaBuffer(DType dtype, int64_t rows, int64_t cols)
@@ -116,7 +104,8 @@ class CudaBackend final : public Backend {
     check_upload_weight_args(view, rows, words);
     if (view.dtype != DType::I32)
       fail("upload_packed_int4: tensor {} is {}, expected I32", view.name, dtype_name(view.dtype));
-    const std::vector<uint32_t> ordered = packed_int4_device_order(view.data, rows, words);
+    std::vector<uint32_t> ordered(static_cast<size_t>(rows * words));
+    packed_int4_device_order(ordered.data(), view.data, rows, words);
     TensorView ordered_view = view;
     ordered_view.data = reinterpret_cast<const uint8_t*>(ordered.data());
     return upload_weight(ordered_view, rows, words);
@@ -124,7 +113,8 @@ class CudaBackend final : public Backend {
 
   void write_packed_int4(const Tensor& dst, const void* host) override {
     if (dst.dtype != DType::I32) fail("write_packed_int4: dst is {}, expected I32", dtype_name(dst.dtype));
-    const std::vector<uint32_t> ordered = packed_int4_device_order(host, dst.rows, dst.cols);
+    std::vector<uint32_t> ordered(static_cast<size_t>(dst.rows * dst.cols));
+    packed_int4_device_order(ordered.data(), host, dst.rows, dst.cols);
     write(dst, ordered.data());
   }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define QSPEC_HOST_DEVICE __host__ __device__
@@ -24,6 +25,23 @@ QSPEC_HOST_DEVICE inline int64_t packed_word_position(int64_t word, int64_t word
   if (chunk_start + kPackedChunkWords > words_per_row) return word;  // the partial chunk
   const int64_t j = word - chunk_start;
   return chunk_start + (j % 4) * 4 + j / 4;
+}
+
+// Rows of checkpoint-order words (`words` may be unaligned: a safetensors mapping) into `out` in the
+// backend's order, a chunk of 16 words at a time.
+inline void packed_int4_device_order(uint32_t* out, const void* words, int64_t rows, int64_t words_per_row) {
+  const auto* bytes = static_cast<const unsigned char*>(words);
+  const int64_t whole = words_per_row - words_per_row % kPackedChunkWords;
+  for (int64_t r = 0; r < rows; ++r) {
+    const unsigned char* row = bytes + r * words_per_row * 4;
+    uint32_t* ordered = out + r * words_per_row;
+    for (int64_t c = 0; c < whole; c += kPackedChunkWords) {
+      uint32_t chunk[kPackedChunkWords];
+      std::memcpy(chunk, row + c * 4, sizeof(chunk));
+      for (int j = 0; j < kPackedChunkWords; ++j) ordered[c + (j % 4) * 4 + j / 4] = chunk[j];
+    }
+    std::memcpy(ordered + whole, row + whole * 4, static_cast<size_t>(words_per_row - whole) * 4);
+  }
 }
 
 }  // namespace qspec::cuda
