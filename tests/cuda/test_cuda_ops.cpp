@@ -91,6 +91,13 @@ std::string dtype_label(DType dtype) {
   return std::string(dtype_name(dtype));
 }
 
+// W4A16 packed words [n, k / 8] of random bytes, uploaded to both backends as the model loader does.
+WeightPair random_packed_int4(std::mt19937& rng, int64_t n, int64_t k) {
+  std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
+  for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
+  return backends().packed_int4(n, k / 8, std::move(packed_bytes));
+}
+
 TEST(CudaOps, MemoryWriteReadCopyFillZero) {
   std::mt19937 rng(1);
   auto& b = backends();
@@ -390,9 +397,7 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
   for (const Case& c : {Case{1000, 2592, 12, DType::BF16}, Case{700, 2600, 8, DType::BF16},
                         Case{2560, 2560, 32, DType::F16}, Case{1030, 4096, 128, DType::BF16}}) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
-    std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
-    for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-    const WeightPair packed = b.packed_int4(c.n, c.k / 8, std::move(packed_bytes));
+    const WeightPair packed = random_packed_int4(rng, c.n, c.k);
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
     const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
@@ -435,9 +440,7 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
       weight = b.weight(DType::BF16, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
       w.weight = weight.gpu;
     } else {
-      std::vector<uint8_t> packed_bytes(static_cast<size_t>(c.n * c.k / 8) * 4);
-      for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-      packed = b.packed_int4(c.n, c.k / 8, std::move(packed_bytes));
+      packed = random_packed_int4(rng, c.n, c.k);
       scales =
           b.weight(DType::BF16, c.n, c.k / c.group, random_floats(rng, c.n * (c.k / c.group), 0.002f, 0.02f));
       w.packed = packed.gpu;
@@ -491,9 +494,7 @@ TEST(CudaOps, LinearRowsIndependentOfTileGrouping) {
   std::mt19937 rng(62);
   auto& b = backends();
   const int64_t n = 9216, k = 2560;
-  std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
-  for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-  const WeightPair packed = b.packed_int4(n, k / 8, std::move(packed_bytes));
+  const WeightPair packed = random_packed_int4(rng, n, k);
   const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
   const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32};
   for (int64_t rows : {8, 9, 16}) {
@@ -533,9 +534,7 @@ TEST(CudaOps, Mlp) {
         cpu.weight = weight.cpu, gpu.weight = weight.gpu;
         return std::pair{cpu, gpu};
       }
-      std::vector<uint8_t> packed_bytes(static_cast<size_t>(n * k / 8) * 4);
-      for (uint8_t& byte : packed_bytes) byte = static_cast<uint8_t>(rng());
-      const WeightPair& packed = keep.emplace_back(b.packed_int4(n, k / 8, std::move(packed_bytes)));
+      const WeightPair& packed = keep.emplace_back(random_packed_int4(rng, n, k));
       const int64_t groups = (k + c.group - 1) / c.group;
       const WeightPair& scales = keep.emplace_back(
           b.weight(c.scale_dtype, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f)));

@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   for (int j = 0; j < kDepth; ++j) load_next(ring[j]);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
   allow_next_kernel();
-  // Only the chunks of x that this block's units read (its splits' slice of K).
+  // Only the chunks of x that this block's units read (its parts' slice of K).
   uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_row_storage);
   const RowStage stage = row_stage(a, block_first, block_end);
   const int x_groups = (stage.end_chunk - stage.first_chunk) * kChunkK / 8;
@@ -854,10 +854,15 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
 
 constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in: K <= 12288
 
-// The one-row kernel's shared memory if a block staged the whole of x; a block stages its splits' slice
+// The one-row kernel's shared memory if a block staged the whole of x; a block stages its parts' slice
 // (launch_row sizes that), never more, so this bounds it.
 int64_t whole_x_stage_bytes(int64_t in_features) {
   return (in_features + kChunkK - 1) / kChunkK * kChunkK * static_cast<int64_t>(sizeof(uint32_t));
+}
+
+// Whether the one-row kernel takes a call of `rows` rows of x (else the many-row kernel does).
+bool one_row_kernel_takes(int64_t rows, int64_t in_features, const LinearMmaTuning& tuning) {
+  return rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes;
 }
 
 template <typename Weights>
@@ -914,7 +919,7 @@ template <typename Weights>
 cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, const float* up, int64_t out_features,
                             int64_t in_features, const Weights& weights, const LinearMmaWorkspace& workspace,
                             const LinearMmaTuning& tuning, cudaStream_t stream) {
-  if (x.rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes)
+  if (one_row_kernel_takes(x.rows, in_features, tuning))
     return launch_row(out, x, up, out_features, in_features, weights, workspace, tuning, stream);
   if (up != nullptr) return cudaErrorInvalidValue;  // the gated x: one row only (gated_linear_mma_supports)
   if (x.rows <= 8)
@@ -996,8 +1001,7 @@ cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWe
 }
 
 bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w) {
-  return gate_up.rows == 1 && gate_up.cols == 2 * w.in_features &&
-         whole_x_stage_bytes(w.in_features) <= kRowMaxStageBytes &&
+  return gate_up.cols == 2 * w.in_features && one_row_kernel_takes(gate_up.rows, w.in_features, {}) &&
          linear_mma_supports(gate_up.cols_view(0, w.in_features), w);
 }
 
