@@ -230,6 +230,29 @@ TEST_F(CpuErrors, GatedDeltaRule) {
       {"gated_delta_rule", "chunk size"});
 }
 
+// The GDN mixer: qkvz as wide as the conv channels plus z; the composed ops' own checks (a state of the
+// wrong size, a norm weight that does not divide the output).
+TEST_F(CpuErrors, GdnMixer) {
+  const GdnShape shape{2, 4, 8, 4};  // C = 2 * 2 * 8 + 4 * 4 = 48, z 16
+  TestTensor qkvz = f32(3, 64), x = f32(3, 16), out = f32(3, 16), conv_out = f32(3, 48), beta = f32(3, 4),
+             g = f32(3, 4), core = f32(3, 16), conv_state = f32(48, 3), state = f32(32, 4);
+  TestTensor conv_weight(DType::BF16, 48, 4), w_b(DType::BF16, 4, 16), a_log = f32(1, 4), norm = f32(1, 4);
+  TestTensor norm_odd = f32(1, 3);
+  const LinearWeight gate{4, 16, w_b.view(), {}, {}, 0};
+  auto mixer = [&](const Tensor& qkvz_view, const Tensor& state_view, const Tensor& norm_view) {
+    backend->gdn_mixer(out.view(), conv_out.view(), beta.view(), g.view(), core.view(), qkvz_view, x.view(),
+                       conv_state.view(), state_view,
+                       {conv_weight.view(), gate, gate, a_log.view(), a_log.view(), norm_view}, shape, 1e-6f,
+                       true);
+  };
+  expect_error([&] { mixer(qkvz.view().cols_view(0, 60), state.view(), norm.view()); },
+               {"gdn_mixer", "qkvz", "[3, 60]", "[3, 64]"});
+  expect_error([&] { mixer(qkvz.view(), f32(16, 4).view(), norm.view()); },
+               {"gated_delta_rule", "state", "[16, 4]", "[32, 4]"});
+  expect_error([&] { mixer(qkvz.view(), state.view(), norm_odd.view()); },
+               {"gdn_mixer", "16 columns", "weight's 3"});
+}
+
 TEST_F(CpuErrors, MemoryAndUpload) {
   auto buffer = backend->alloc(DType::F32, 2, 3);
   TestTensor strided(DType::F32, 2, 3, 4), other(DType::BF16, 2, 3);

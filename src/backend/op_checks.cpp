@@ -317,6 +317,24 @@ void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Ten
   require_shape(op, "state", state, int64_t{nv} * dk, dv);
 }
 
+void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                          const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
+                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape) {
+  constexpr std::string_view op = "gdn_mixer";
+  check_gdn_shape(shape);
+  const auto& [nk, nv, dk, dv] = shape;
+  const int64_t channels = 2 * int64_t{nk} * dk + int64_t{nv} * dv;
+  require_activation(op, "qkvz", qkvz);
+  require_shape(op, "qkvz", qkvz, qkvz.rows, channels + int64_t{nv} * dv);
+  const Tensor mixed = qkvz.cols_view(0, channels), z = qkvz.cols_view(channels, int64_t{nv} * dv);
+  check_conv1d_operands(conv_out, mixed, conv_state, w.conv_weight);
+  check_conv1d_shapes(conv_out, mixed, conv_state, w.conv_weight);
+  check_gdn_gates_linear_args(beta, g, x, w.w_b, w.w_a, w.a_log, w.dt_bias);
+  check_gated_delta_rule_args(core, conv_out, beta, g, recurrent_state, shape);
+  check_norm_args("gdn_mixer", out, core, w.norm_weight);
+  check_norm_gate_args(z, core);
+}
+
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape) {
   constexpr std::string_view op = "gdn_commit";
   check_gdn_shape(shape);

@@ -76,6 +76,11 @@ void check_gdn_gates_linear_args(const Tensor& beta, const Tensor& g, const Tens
 void check_gdn_shape(const GdnShape& shape);
 void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                  const Tensor& state, const GdnShape& shape);
+// gdn_mixer: qkvz [T, C + nv dv] (C = 2 nk dk + nv dv), then each composed op's arguments as that op checks
+// them (conv1d_silu, gdn_gates_linear, gated_delta_rule, gated_rmsnorm).
+void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                          const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
+                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape);
 // gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T.
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape);
 // argmax: logits F32 [rows, V] with 1 <= V <= INT32_MAX (ids are I32), out_ids I32 [rows, 1].

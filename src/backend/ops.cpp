@@ -34,6 +34,18 @@ void Backend::gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor
   gdn_gates(beta, g, beta, g, a_log, dt_bias);
 }
 
+void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                        const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
+                        const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
+                        float eps, bool update_state) {
+  check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
+  const int64_t channels = conv_out.cols;
+  conv1d_silu(conv_out, qkvz.cols_view(0, channels), conv_state, w.conv_weight, update_state);
+  gdn_gates_linear(beta, g, x, w.w_b, w.w_a, w.a_log, w.dt_bias);
+  gated_delta_rule(core, conv_out, beta, g, recurrent_state, shape, update_state);
+  gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
+}
+
 void Backend::mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                   const LinearWeight& w_gate_up, const LinearWeight& w_down) {
   check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);

@@ -37,6 +37,14 @@ struct GdnShape {
   int value_head_dim;   // dv
 };
 
+// A GDN layer's weights between its input projection (qkvz) and its output projection.
+struct GdnMixerWeights {
+  Tensor conv_weight;     // [C, K], C = 2 nk dk + nv dv
+  LinearWeight w_b, w_a;  // [nv, H]: in_proj_b, in_proj_a
+  Tensor a_log, dt_bias;  // [1, nv]
+  Tensor norm_weight;     // [1, dv]
+};
+
 // One GDN layer's part of a commit: its states and the T accepted rows' inputs to advance them past.
 struct GdnCommitLayer {
   Tensor conv_state;       // [C, K-1], as conv1d_silu's state
@@ -175,6 +183,14 @@ class Backend {
   // gated_delta_rule with update_state would (bit for bit where that op runs its per-token recurrence: T up
   // to a verify block); no outputs. All layers have the same T and shape.
   virtual void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) = 0;
+  // A GDN layer's mixer, between its input and output projections: conv1d_silu of qkvz's first C columns into
+  // conv_out, gdn_gates_linear of x into beta and g, gated_delta_rule into core, then gated_rmsnorm of core
+  // with z (qkvz's last nv*dv columns) into out; update_state as in conv1d_silu and gated_delta_rule. The
+  // default composes the four ops; CUDA runs a decode or verify step's as one kernel (core unused).
+  virtual void gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                         const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
+                         const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
+                         float eps, bool update_state);
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;

@@ -236,12 +236,11 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   Tensor beta = view(advance ? ws.gdn_beta : state.pending_beta);
   Tensor g = view(advance ? ws.gdn_g : state.pending_g);
   Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
-  Tensor mixed = qkvz.cols_view(0, c.conv_dim()), z = qkvz.cols_view(c.conv_dim(), c.linear_value_dim());
   stacked_linear(backend_, qkvz, x, layer.in_proj_qkvz);
-  backend_.conv1d_silu(conv, mixed, state.conv_state->tensor(), layer.conv_weight, advance);
-  backend_.gdn_gates_linear(beta, g, x, layer.in_proj_b, layer.in_proj_a, layer.a_log, layer.dt_bias);
-  backend_.gated_delta_rule(core, conv, beta, g, state.recurrent_state->tensor(), gdn_shape(c), advance);
-  backend_.gated_rmsnorm(gated, core, layer.gdn_norm, z, c.rms_norm_eps);
+  backend_.gdn_mixer(
+      gated, conv, beta, g, core, qkvz, x, state.conv_state->tensor(), state.recurrent_state->tensor(),
+      {layer.conv_weight, layer.in_proj_b, layer.in_proj_a, layer.a_log, layer.dt_bias, layer.gdn_norm},
+      gdn_shape(c), c.rms_norm_eps, advance);
   backend_.linear(out, gated, layer.out_proj);
 }
 

@@ -26,7 +26,7 @@ struct Qwen35Layer {
 
   // Gated DeltaNet (linear attention)
   StackedLinear in_proj_qkvz;         // [qkv (the conv input) | z]
-  LinearWeight in_proj_b, in_proj_a;  // read by gdn_gates_linear, which applies the gates
+  LinearWeight in_proj_b, in_proj_a;  // the gates' projections (gdn_mixer)
   LinearWeight out_proj;
   Tensor conv_weight;  // [conv_dim, kernel]
   Tensor dt_bias;      // [1, nv]

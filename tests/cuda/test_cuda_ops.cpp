@@ -15,6 +15,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include <fmt/format.h>
 #include "backend/cpu/gated_delta_rule.h"
@@ -1256,6 +1257,185 @@ TEST(CudaOps, GdnCommit) {
                      b.read_gpu(states[i].gpu()), b.read_gpu(state.gpu()), kExact);
       }
     }
+  }
+}
+
+// A GDN layer's mixer inputs (Backend::gdn_mixer) of one shape, hidden size and length, on both backends:
+// qkvz and x in [-1, 1], conv state in [-1, 1], conv taps in [-0.5, 0.5], the gates' projections in
+// [-0.05, 0.05], a norm weight in [0.5, 1.5], a non-zero recurrent state.
+struct MixerCase {
+  GdnShape shape;
+  int64_t hidden, tokens;
+  std::vector<float> initial_conv_state, initial_state;
+  TensorPair qkvz, x;
+  WeightPair conv_weight, w_b, w_a, a_log, dt_bias, norm_weight;
+
+  MixerCase(std::mt19937& rng, const GdnShape& s, int64_t h, int64_t t)
+      : shape(s),
+        hidden(h),
+        tokens(t),
+        initial_conv_state(random_floats(rng, channels() * 3, -1.0f, 1.0f)),
+        initial_state(random_floats(rng, state_rows() * s.value_head_dim, -0.5f, 0.5f)),
+        qkvz(backends().activation(t, channels() + z_cols(),
+                                   random_floats(rng, t * (channels() + z_cols()), -1.0f, 1.0f))),
+        x(backends().activation(t, h, random_floats(rng, t * h, -1.0f, 1.0f))),
+        conv_weight(
+            backends().weight(DType::BF16, channels(), 4, random_floats(rng, channels() * 4, -0.5f, 0.5f))),
+        w_b(backends().weight(DType::BF16, s.num_value_heads, h,
+                              random_floats(rng, s.num_value_heads * h, -0.05f, 0.05f))),
+        w_a(backends().weight(DType::BF16, s.num_value_heads, h,
+                              random_floats(rng, s.num_value_heads * h, -0.05f, 0.05f))),
+        a_log(backends().weight(DType::F32, 1, s.num_value_heads,
+                                random_floats(rng, s.num_value_heads, -2.0f, 2.0f))),
+        dt_bias(backends().weight(DType::BF16, 1, s.num_value_heads,
+                                  random_floats(rng, s.num_value_heads, -1.0f, 1.0f))),
+        norm_weight(backends().weight(DType::BF16, 1, s.value_head_dim,
+                                      random_floats(rng, s.value_head_dim, 0.5f, 1.5f))) {}
+
+  int64_t channels() const { return 2 * int64_t{shape.num_key_heads} * shape.key_head_dim + z_cols(); }
+  int64_t z_cols() const { return int64_t{shape.num_value_heads} * shape.value_head_dim; }
+  int64_t state_rows() const { return int64_t{shape.num_value_heads} * shape.key_head_dim; }
+  TensorPair fresh_conv_state() const { return backends().activation(channels(), 3, initial_conv_state); }
+  TensorPair fresh_state() const {
+    return backends().activation(state_rows(), shape.value_head_dim, initial_state);
+  }
+  GdnMixerWeights weights(bool gpu) const {
+    auto pick = [gpu](const WeightPair& w) { return gpu ? w.gpu : w.cpu; };
+    const int64_t nv = shape.num_value_heads;
+    return {pick(conv_weight),
+            {nv, hidden, pick(w_b), {}, {}, 0},
+            {nv, hidden, pick(w_a), {}, {}, 0},
+            pick(a_log),
+            pick(dt_bias),
+            pick(norm_weight)};
+  }
+  std::string label() const {
+    return fmt::format("gdn_mixer nk {} nv {} dk {} dv {} H {} T={}", shape.num_key_heads,
+                       shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, hidden, tokens);
+  }
+};
+
+// A mixer call's outputs.
+struct MixerOutputs {
+  TensorPair out, conv_out, beta, g, core;
+  explicit MixerOutputs(const MixerCase& c)
+      : out(backends().poisoned(c.tokens, c.z_cols())),
+        conv_out(backends().poisoned(c.tokens, c.channels())),
+        beta(backends().poisoned(c.tokens, c.shape.num_value_heads)),
+        g(backends().poisoned(c.tokens, c.shape.num_value_heads)),
+        core(backends().poisoned(c.tokens, c.z_cols())) {}
+};
+
+// The recurrence's tolerance plus the gates' dot products (their error feeds beta and the decay).
+constexpr double kGdnMixerTolerance = 1e-4;
+
+// The CUDA gdn_mixer (one kernel for T <= 16 on these shapes) against the CPU composition of conv1d_silu,
+// gdn_gates_linear, gated_delta_rule and gated_rmsnorm: the 4B layer, a fixture-sized one and one with dv 20
+// and three value heads per key head. Every output and both states; conv outputs and state to
+// kElementwiseTolerance / exactly, the gates to kLinearTolerance. Without update_state the states stay
+// untouched, bit for bit, and the outputs are those of the updating call.
+TEST(CudaOps, GdnMixer) {
+  std::mt19937 rng(19);
+  auto& b = backends();
+  struct Case {
+    GdnShape shape;
+    int64_t hidden;
+  };
+  const std::vector<Case> cases = {{{16, 32, 128, 128}, 2560}, {{2, 4, 32, 32}, 128}, {{1, 3, 48, 20}, 64}};
+  for (const Case& c : cases) {
+    for (int64_t tokens : {1, 3, 16}) {
+      const MixerCase in(rng, c.shape, c.hidden, tokens);
+      const MixerOutputs o(in);
+      TensorPair conv_state = in.fresh_conv_state(), state = in.fresh_state();
+      on_both([&](const Side& s) {
+        s.backend.gdn_mixer(s(o.out), s(o.conv_out), s(o.beta), s(o.g), s(o.core), s(in.qkvz), s(in.x),
+                            s(conv_state), s(state), in.weights(s.gpu), c.shape, 1e-6f, true);
+      });
+      compare("gdn_mixer", in.label() + " out", o.out, kGdnMixerTolerance);
+      compare("gdn_mixer", in.label() + " conv_out", o.conv_out, kElementwiseTolerance);
+      compare("gdn_mixer", in.label() + " beta", o.beta, kLinearTolerance);
+      compare("gdn_mixer", in.label() + " g", o.g, kLinearTolerance);
+      compare("gdn_mixer", in.label() + " conv state", conv_state, kExact);
+      compare("gdn_mixer", in.label() + " recurrent state", state, kGdnMixerTolerance);
+
+      const MixerOutputs kept(in);
+      TensorPair kept_conv_state = in.fresh_conv_state(), kept_state = in.fresh_state();
+      b.gpu().gdn_mixer(kept.out.gpu(), kept.conv_out.gpu(), kept.beta.gpu(), kept.g.gpu(), kept.core.gpu(),
+                        in.qkvz.gpu(), in.x.gpu(), kept_conv_state.gpu(), kept_state.gpu(), in.weights(true),
+                        c.shape, 1e-6f, false);
+      const std::string without = in.label() + " update_state false: ";
+      expect_close("gdn_mixer", without + "conv state unchanged", b.read_gpu(kept_conv_state.gpu()),
+                   in.initial_conv_state, kExact);
+      expect_close("gdn_mixer", without + "recurrent state unchanged", b.read_gpu(kept_state.gpu()),
+                   in.initial_state, kExact);
+      expect_close("gdn_mixer", without + "out equals the updating call's", b.read_gpu(kept.out.gpu()),
+                   b.read_gpu(o.out.gpu()), kExact);
+      expect_close("gdn_mixer", without + "conv_out equals the updating call's",
+                   b.read_gpu(kept.conv_out.gpu()), b.read_gpu(o.conv_out.gpu()), kExact);
+    }
+  }
+}
+
+// A verify step's rows get what decode steps would make, bit for bit: 16 tokens in one call vs 16 calls of
+// one (every output, both final states), and the verify form (no state update) followed by gdn_commit of 7
+// accepted rows rebuilds the states of 7 single-token calls exactly (the commit's replay is
+// gdn_recurrence.cuh's arithmetic, which the mixer runs).
+TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
+  std::mt19937 rng(20);
+  auto& b = backends();
+  constexpr int64_t kTokens = 16, kAccepted = 7;
+  struct Case {
+    GdnShape shape;
+    int64_t hidden;
+  };
+  for (const Case& c : std::vector<Case>{{{16, 32, 128, 128}, 2560}, {{2, 4, 32, 32}, 128}}) {
+    const MixerCase in(rng, c.shape, c.hidden, kTokens);
+    const GdnMixerWeights w = in.weights(true);
+    auto mixer = [&](const MixerOutputs& o, const TensorPair& conv_state, const TensorPair& state,
+                     int64_t first, int64_t count, bool update) {
+      auto rows = [&](const TensorPair& t) { return t.gpu().rows_view(first, count); };
+      b.gpu().gdn_mixer(rows(o.out), rows(o.conv_out), rows(o.beta), rows(o.g), rows(o.core), rows(in.qkvz),
+                        rows(in.x), conv_state.gpu(), state.gpu(), w, c.shape, 1e-6f, update);
+    };
+    const MixerOutputs together(in);
+    TensorPair together_conv = in.fresh_conv_state(), together_state = in.fresh_state();
+    mixer(together, together_conv, together_state, 0, kTokens, true);
+
+    const MixerOutputs alone(in);
+    TensorPair alone_conv = in.fresh_conv_state(), alone_state = in.fresh_state();
+    std::vector<float> accepted_conv, accepted_state;
+    for (int64_t t = 0; t < kTokens; ++t) {
+      mixer(alone, alone_conv, alone_state, t, 1, true);
+      if (t + 1 == kAccepted) {
+        accepted_conv = b.read_gpu(alone_conv.gpu());
+        accepted_state = b.read_gpu(alone_state.gpu());
+      }
+    }
+    const std::string name = in.label() + " in 16 calls of 1: ";
+    for (const auto& [output, a, t] :
+         {std::tuple{"out", &alone.out, &together.out},
+          std::tuple{"conv_out", &alone.conv_out, &together.conv_out},
+          std::tuple{"beta", &alone.beta, &together.beta}, std::tuple{"g", &alone.g, &together.g}})
+      expect_close("gdn_mixer", name + output + " equals one call's", b.read_gpu(a->gpu()),
+                   b.read_gpu(t->gpu()), kExact);
+    expect_close("gdn_mixer", name + "conv state equals one call's", b.read_gpu(alone_conv.gpu()),
+                 b.read_gpu(together_conv.gpu()), kExact);
+    expect_close("gdn_mixer", name + "recurrent state equals one call's", b.read_gpu(alone_state.gpu()),
+                 b.read_gpu(together_state.gpu()), kExact);
+
+    const MixerOutputs verify(in);
+    TensorPair conv_state = in.fresh_conv_state(), state = in.fresh_state();
+    mixer(verify, conv_state, state, 0, kTokens, false);
+    auto accepted = [&](const TensorPair& t) { return t.gpu().rows_view(0, kAccepted); };
+    const GdnCommitLayer layer{conv_state.gpu(),      accepted(in.qkvz).cols_view(0, in.channels()),
+                               state.gpu(),           accepted(verify.conv_out),
+                               accepted(verify.beta), accepted(verify.g)};
+    b.gpu().gdn_commit({&layer, 1}, c.shape);
+    const std::string commit = in.label() + " verify + commit of 7 rows: ";
+    expect_close("gdn_mixer", commit + "conv state equals 7 decode steps'", b.read_gpu(conv_state.gpu()),
+                 accepted_conv, kExact);
+    expect_close("gdn_mixer", commit + "recurrent state equals 7 decode steps'", b.read_gpu(state.gpu()),
+                 accepted_state, kExact);
   }
 }
 

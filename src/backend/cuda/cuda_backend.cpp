@@ -81,6 +81,9 @@ class CudaBackend final : public Backend {
     stream_ = std::make_unique<CudaStream>();
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).
     static_cast<void>(programmatic_launch_enabled());
+    gdn_mixer_tickets_ = DeviceMemory(kGdnMixerMaxKeyHeads * sizeof(unsigned));
+    check_cuda(cudaMemset(gdn_mixer_tickets_.data(), 0, gdn_mixer_tickets_.bytes()),
+               "zeroing gdn_mixer's tickets");
   }
 
   std::string name() const override { return "cuda"; }
@@ -361,6 +364,21 @@ class CudaBackend final : public Backend {
         "gated_delta_rule");
   }
 
+  void gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                 const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
+                 const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape, float eps,
+                 bool update_state) override {
+    if (!gdn_mixer_fits(qkvz, x, w.conv_weight, recurrent_state, w, shape)) {
+      Backend::gdn_mixer(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, eps,
+                         update_state);  // checks the arguments itself
+      return;
+    }
+    check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
+    check_cuda(launch_gdn_mixer({out, conv_out, beta, g, qkvz, x, conv_state, recurrent_state}, w, shape, eps,
+                                update_state, static_cast<unsigned*>(gdn_mixer_tickets_.data()), stream()),
+               "gdn_mixer");
+  }
+
   void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) override {
     check_gdn_commit_args(layers, shape);
     for (size_t i = 0; i < layers.size(); ++i)
@@ -422,6 +440,7 @@ class CudaBackend final : public Backend {
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters
   DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
+  DeviceMemory gdn_mixer_tickets_;     // gdn_mixer's per-key-head tickets, zeroed once
   std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
 };
 

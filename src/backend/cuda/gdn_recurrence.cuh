@@ -94,6 +94,95 @@ __device__ inline void gather_columns(float mine, int row_group, float (&x)[4]) 
   x[3] = upper8 ? high : other_high;
 }
 
+// The lane's kRows x 4 block of a head's state (rows first_row.., columns at `state`), zeros where absent.
+template <int kRows>
+__device__ inline void load_state_block(float (&s)[kRows][4], const float* state, int64_t stride,
+                                        int first_row, int dk, bool active) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = first_row + r;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (active && i < dk) v = *reinterpret_cast<const float4*>(state + i * stride);
+    s[r][0] = v.x;
+    s[r][1] = v.y;
+    s[r][2] = v.z;
+    s[r][3] = v.w;
+  }
+}
+
+template <int kRows>
+__device__ inline void store_state_block(const float (&s)[kRows][4], float* state, int64_t stride,
+                                         int first_row, int dk) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = first_row + r;
+    if (i < dk)
+      *reinterpret_cast<float4*>(state + i * stride) = make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
+  }
+}
+
+// A staged q or k vector of kKeys values L2-normalised in place (q also scaled) by the kNormLanes lanes of
+// one group (part = this lane's); stores only when `store` (a staged token), the sums run either way.
+template <int kKeys>
+__device__ inline void normalize_staged_vector(float* x, int part, bool query, bool store,
+                                               float query_scale) {
+  float squares = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kKeys / kNormLanes; ++m) squares += x[part + kNormLanes * m] * x[part + kNormLanes * m];
+  squares += __shfl_xor_sync(kFullMask, squares, 1);
+  squares += __shfl_xor_sync(kFullMask, squares, 2);
+  const float factor = 1.0f / sqrtf(squares + kL2NormEps);
+  if (!store) return;
+#pragma unroll
+  for (int m = 0; m < kKeys / kNormLanes; ++m) {
+    float& value = x[part + kNormLanes * m];
+    value = query ? value * factor * query_scale : value * factor;
+  }
+}
+
+// A token's first half: S = exp(g) S, and the lane's partial sums of S^T k over its rows.
+template <int kRows>
+__device__ inline void decay_and_predict(float (&s)[kRows][4], const float* key, float decay,
+                                         float (&prediction_partials)[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) prediction_partials[c] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float k = key[r];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      s[r][c] *= decay;
+      prediction_partials[c] = fmaf(k, s[r][c], prediction_partials[c]);
+    }
+  }
+}
+
+// A token's second half: S += k delta^T for the lane's columns (delta_own: its own column's, gathered).
+template <int kRows>
+__device__ inline void apply_delta(float (&s)[kRows][4], const float* key, float delta_own, int row_group) {
+  float delta[4];
+  gather_columns(delta_own, row_group, delta);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float k = key[r];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s[r][c] = fmaf(k, delta[c], s[r][c]);
+  }
+}
+
+// The lane's partial sums of o = S^T q over its rows.
+template <int kRows>
+__device__ inline void output_partials(const float (&s)[kRows][4], const float* query, float (&partials)[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) partials[c] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float q = query[r];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) partials[c] = fmaf(q, s[r][c], partials[c]);
+  }
+}
+
 // Runs tokens [0, a.tokens) of value head `head` for state columns [32 slab, 32 slab + 32), writing the
 // outputs when kOutputs; kRows * 16 >= dk. Every thread of the block must call it (barriers between stages).
 template <int kRows, bool kOutputs>
@@ -114,16 +203,7 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
 
   float* state = a.state + static_cast<int64_t>(head) * d.dk * a.state_stride + column;
   float s[kRows][4];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int i = first_row + r;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (active && i < d.dk) v = *reinterpret_cast<const float4*>(state + i * a.state_stride);
-    s[r][0] = v.x;
-    s[r][1] = v.y;
-    s[r][2] = v.z;
-    s[r][3] = v.w;
-  }
+  load_state_block(s, state, a.state_stride, first_row, d.dk, active);
 
   const int key_head = head / (d.num_value_heads / d.num_key_heads);
   const int64_t q_offset = static_cast<int64_t>(key_head) * d.dk;
@@ -163,81 +243,34 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
     __syncthreads();
 
     {  // L2-normalise q and k in place: vector = (tid / 4) -> (q or k, token), 4 lanes each.
-      const int vector = tid / kNormLanes, part = tid % kNormLanes;
+      const int vector = tid / kNormLanes;
       const int which = vector / kStageTokens, t = vector % kStageTokens;
-      float* x = stage_qk[which][t];
-      float squares = 0.0f;
-#pragma unroll
-      for (int m = 0; m < kKeys / kNormLanes; ++m)
-        squares += x[part + kNormLanes * m] * x[part + kNormLanes * m];
-      squares += __shfl_xor_sync(kFullMask, squares, 1);
-      squares += __shfl_xor_sync(kFullMask, squares, 2);
-      const float factor = 1.0f / sqrtf(squares + kL2NormEps);
-      if (t < count) {
-#pragma unroll
-        for (int m = 0; m < kKeys / kNormLanes; ++m) {
-          float& value = x[part + kNormLanes * m];
-          value = which == 0 ? value * factor * d.query_scale : value * factor;
-        }
-      }
+      normalize_staged_vector<kKeys>(stage_qk[which][t], tid % kNormLanes, which == 0, t < count,
+                                     d.query_scale);
       if (tid < count) stage_decay[tid] = expf(stage_decay[tid]);
     }
     __syncthreads();
 
-    float output_partials[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the previous token's, reduced one token late
+    float partials[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the previous token's output, reduced one token late
     for (int t = 0; t < count; ++t) {
-      const float decay = stage_decay[t], token_beta = stage_beta[t];
       const float* key = &stage_qk[1][t][first_row];
-      float prediction_partials[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float k = key[r];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          s[r][c] *= decay;
-          prediction_partials[c] = fmaf(k, s[r][c], prediction_partials[c]);
-        }
-      }
+      float prediction_partials[4];
+      decay_and_predict(s, key, stage_decay[t], prediction_partials);
       const float prediction = reduce_scatter_columns(prediction_partials, row_group);
       if constexpr (kOutputs) {
-        const float previous_output = reduce_scatter_columns(output_partials, row_group);
+        const float previous_output = reduce_scatter_columns(partials, row_group);
         if (t > 0 && writer) out_column[(first + t - 1) * a.out_stride] = previous_output;
       }
-      const float delta_own = (stage_value[t][slab_column + own_column] - prediction) * token_beta;
-      float delta[4];
-      gather_columns(delta_own, row_group, delta);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float k = key[r];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[r][c] = fmaf(k, delta[c], s[r][c]);
-      }
-      if constexpr (kOutputs) {
-        const float* query = &stage_qk[0][t][first_row];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) output_partials[c] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float q = query[r];
-#pragma unroll
-          for (int c = 0; c < 4; ++c) output_partials[c] = fmaf(q, s[r][c], output_partials[c]);
-        }
-      }
+      apply_delta(s, key, (stage_value[t][slab_column + own_column] - prediction) * stage_beta[t], row_group);
+      if constexpr (kOutputs) output_partials(s, &stage_qk[0][t][first_row], partials);
     }
     if constexpr (kOutputs) {
-      const float last_output = reduce_scatter_columns(output_partials, row_group);
+      const float last_output = reduce_scatter_columns(partials, row_group);
       if (writer) out_column[(first + count - 1) * a.out_stride] = last_output;
     }
   }
 
-  if (!update_state || !active) return;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int i = first_row + r;
-    if (i < d.dk)
-      *reinterpret_cast<float4*>(state + i * a.state_stride) =
-          make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
-  }
+  if (update_state && active) store_state_block(s, state, a.state_stride, first_row, d.dk);
 }
 
 // Calls launch(std::integral_constant<int, kRows>) with the fewest rows per lane that cover dk <= 128.

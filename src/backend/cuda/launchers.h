@@ -12,7 +12,9 @@
 
 namespace qspec {
 struct GdnCommitLayer;
-}
+struct GdnMixerWeights;
+struct GdnShape;
+}  // namespace qspec
 
 namespace qspec::cuda {
 
@@ -155,6 +157,19 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream);
+// gdn_mixer.cu: Backend::gdn_mixer as one kernel for 1..16 tokens (conv kernel 4, dk and dv <= 128, the
+// gates as gdn_gates_linear_supports takes them, at most kGdnMixerMaxKeyHeads key heads: one ticket each in
+// `tickets`, zero between calls).
+inline constexpr int kGdnMixerMaxKeyHeads = 256;
+struct GdnMixerOperands {
+  Tensor out, conv_out, beta, g, qkvz, x, conv_state, state;
+};
+bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& conv_weight, const Tensor& state,
+                    const GdnMixerWeights& w, const GdnShape& shape);
+cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWeights& w,
+                             const GdnShape& shape, float eps, bool update_state, unsigned* tickets,
+                             cudaStream_t stream);
+
 // gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers); a layer whose state
 // gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel. Conv kernel sizes <=
 // kMaxConvKernel.
