@@ -78,13 +78,16 @@ __device__ inline void bf16x8(const uint4 raw, float (&out)[kChunk]) {
   }
 }
 
+// Latency first: the weights are read before the wait (pdl.cuh); then every activation and state load is
+// issued before the arithmetic that waits for any of them, so the block pays about one round trip before its
+// conv and one per four tokens of gates.
 template <int kRows>
 __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::Dims d) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
   constexpr int kKeys = kRows * gdn::kRowGroups;
-  constexpr int kKeyStride = kKeys + 4;                  // as gdn_recurrence.cuh's staging
-  __shared__ float stage_qk[2][kMaxTokens][kKeyStride];  // [0] queries, [1] keys
+  constexpr int kKeyStride = kKeys + 4;                   // as gdn_recurrence.cuh's staging
+  constexpr int kNormColumns = kMaxValueDim / kWarpSize;  // a lane's columns of a token's row (norm)
+  constexpr int kGateBatch = 4;                           // tokens whose x is loaded at once
+  __shared__ float stage_qk[2][kMaxTokens][kKeyStride];   // [0] queries, [1] keys
   __shared__ float stage_value[kMaxTokens][kMaxValueDim];
   __shared__ float stage_out[kMaxTokens][kMaxValueDim];
   __shared__ float stage_beta[kMaxTokens], stage_decay[kMaxTokens];
@@ -96,6 +99,30 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   const int T = a.tokens;
   const int ratio = d.num_value_heads / d.num_key_heads, key_head = head / ratio;
 
+  // Thread roles: channel tid of the conv (i < dk its key head's q, then k, then its own v), hidden chunk
+  // tid of the gates, columns lane + 32 j of token `warp`'s norm.
+  const int channels = 2 * d.dk + d.dv;
+  const bool convolves = tid < channels;  // channels <= kThreads (gdn_mixer_fits)
+  const int64_t channel = tid < d.dk ? static_cast<int64_t>(key_head) * d.dk + tid
+                          : tid < 2 * d.dk
+                              ? static_cast<int64_t>(d.num_key_heads + key_head) * d.dk + (tid - d.dk)
+                              : 2 * static_cast<int64_t>(d.num_key_heads) * d.dk +
+                                    static_cast<int64_t>(head) * d.dv + (tid - 2 * d.dk);
+  const bool gates = tid < a.hidden_chunks;  // hidden_chunks <= kThreads (gdn_mixer_fits)
+  float taps[kKernel] = {}, wb[kChunk] = {}, wa[kChunk] = {}, norm_scale[kNormColumns] = {};
+  if (convolves)
+#pragma unroll
+    for (int j = 0; j < kKernel; ++j) taps[j] = a.conv_weight.at(channel, j);
+  if (gates) {
+    bf16x8(reinterpret_cast<const uint4*>(a.w_b + head * a.w_b_stride)[tid], wb);
+    bf16x8(reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride)[tid], wa);
+  }
+#pragma unroll
+  for (int j = 0; j < kNormColumns; ++j)
+    if (lane + kWarpSize * j < d.dv) norm_scale[j] = a.norm_weight.at(0, lane + kWarpSize * j);
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
   // The lane's block of the state (gdn_recurrence.cuh's layout, slab = warp / 4).
   const int quad = lane / gdn::kRowGroups, row_group = lane % gdn::kRowGroups;
   const int column = warp * gdn::kWarpColumns + quad * 4;
@@ -104,71 +131,41 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   float* state = a.state + static_cast<int64_t>(head) * d.dk * a.state_stride + column;
   float s[kRows][4];
   gdn::load_state_block(s, state, a.state_stride, first_row, d.dk, active);
+  float history[kHistory] = {}, inputs[kMaxTokens] = {};
+  if (convolves) {
+#pragma unroll
+    for (int j = 0; j < kHistory; ++j) history[j] = a.conv_state[channel * a.conv_state_stride + j];
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t)
+      if (t < T) inputs[t] = a.qkvz[t * a.qkvz_stride + channel];
+  }
+  float z[kNormColumns] = {};
+  const float* z_row = a.qkvz + warp * a.qkvz_stride + 2 * static_cast<int64_t>(d.num_key_heads) * d.dk +
+                       static_cast<int64_t>(d.num_value_heads + head) * d.dv;
+#pragma unroll
+  for (int j = 0; j < kNormColumns; ++j)
+    if (warp < T && lane + kWarpSize * j < d.dv) z[j] = z_row[lane + kWarpSize * j];
 
-  // 1. The gates' dot products.
-  {
-    float b_sum[kMaxTokens] = {}, a_sum[kMaxTokens] = {};
-    const auto* b_weights = reinterpret_cast<const uint4*>(a.w_b + head * a.w_b_stride);
-    const auto* a_weights = reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride);
-    for (int c = tid; c < a.hidden_chunks; c += kThreads) {
-      float wb[kChunk], wa[kChunk];
-      bf16x8(b_weights[c], wb);
-      bf16x8(a_weights[c], wa);
-#pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) {
-        if (t >= T) break;
-        const auto* xc = reinterpret_cast<const float4*>(a.x + t * a.x_stride) + 2 * c;
-        const float4 lo = xc[0], hi = xc[1];
-        const float xv[kChunk] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          b_sum[t] = fmaf(xv[i], wb[i], b_sum[t]);
-          a_sum[t] = fmaf(xv[i], wa[i], a_sum[t]);
-        }
-      }
-    }
+  // The conv (conv1d.cu's arithmetic): into the stage, and conv_out (the q / k channels by one value head).
+  if (convolves) {
+    const bool writes_output = tid >= 2 * d.dk || head % ratio == 0;
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
       if (t >= T) break;
-      const float b_total = warp_sum(b_sum[t]), a_total = warp_sum(a_sum[t]);
-      if (lane == 0) gate_partials[0][t][warp] = b_total, gate_partials[1][t][warp] = a_total;
-    }
-  }
-
-  // 2. The conv of the head's channels: i < dk its key head's q, then k, then its own v.
-  const bool owns_key_channels = head % ratio == 0;  // writes the q / k conv outputs
-  const int channels = 2 * d.dk + d.dv;
-  float history[kHistory] = {};
-  int64_t channel = 0;
-  const bool convolves = tid < channels;  // channels <= 2 * 128 + 128 <= kThreads
-  if (convolves) {
-    const int i = tid;
-    channel = i < d.dk       ? static_cast<int64_t>(key_head) * d.dk + i
-              : i < 2 * d.dk ? static_cast<int64_t>(d.num_key_heads + key_head) * d.dk + (i - d.dk)
-                             : 2 * static_cast<int64_t>(d.num_key_heads) * d.dk +
-                                   static_cast<int64_t>(head) * d.dv + (i - 2 * d.dk);
-    float taps[kKernel];
-#pragma unroll
-    for (int j = 0; j < kKernel; ++j) taps[j] = a.conv_weight.at(channel, j);
-#pragma unroll
-    for (int j = 0; j < kHistory; ++j) history[j] = a.conv_state[channel * a.conv_state_stride + j];
-    const bool writes_output = i >= 2 * d.dk || owns_key_channels;
-    for (int t = 0; t < T; ++t) {
-      const float current = a.qkvz[t * a.qkvz_stride + channel];
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kHistory; ++j) sum += taps[j] * history[j];
-      sum += taps[kHistory] * current;
+      sum += taps[kHistory] * inputs[t];
 #pragma unroll
       for (int j = 0; j + 1 < kHistory; ++j) history[j] = history[j + 1];
-      history[kHistory - 1] = current;
+      history[kHistory - 1] = inputs[t];
       const float y = silu(sum);
-      if (i < d.dk)
-        stage_qk[0][t][i] = y;
-      else if (i < 2 * d.dk)
-        stage_qk[1][t][i - d.dk] = y;
+      if (tid < d.dk)
+        stage_qk[0][t][tid] = y;
+      else if (tid < 2 * d.dk)
+        stage_qk[1][t][tid - d.dk] = y;
       else
-        stage_value[t][i - 2 * d.dk] = y;
+        stage_value[t][tid - 2 * d.dk] = y;
       if (writes_output) a.conv_out[t * a.conv_out_stride + channel] = y;
     }
   }
@@ -176,22 +173,49 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     const int t = e / kKeys, i = e % kKeys;
     if (i >= d.dk) stage_qk[0][t][i] = stage_qk[1][t][i] = 0.0f;
   }
-  __syncthreads();  // every conv state read is done; the gate partials are in
 
-  if (a.update_state) {
-    if (tid == 0) {
-      unsigned before;
-      unsigned* ticket = a.tickets + key_head;
-      asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(ticket) : "memory");
-      last_reader = before == static_cast<unsigned>(ratio - 1);
-      if (last_reader) *ticket = 0;  // ready for the next call
-    }
-    __syncthreads();
-    if (convolves && (tid >= 2 * d.dk || last_reader)) {
+  // The gates' dot products: thread = hidden chunk, per-warp sums, then the warps' in order.
+  float b_sum[kMaxTokens] = {}, a_sum[kMaxTokens] = {};
+  if (gates) {
 #pragma unroll
-      for (int j = 0; j < kHistory; ++j) a.conv_state[channel * a.conv_state_stride + j] = history[j];
+    for (int first = 0; first < kMaxTokens; first += kGateBatch) {
+      if (first >= T) break;
+      float4 lo[kGateBatch], hi[kGateBatch];
+#pragma unroll
+      for (int u = 0; u < kGateBatch; ++u) {
+        if (first + u < T) {
+          const auto* xc = reinterpret_cast<const float4*>(a.x + (first + u) * a.x_stride) + 2 * tid;
+          lo[u] = xc[0], hi[u] = xc[1];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kGateBatch; ++u) {
+        if (first + u >= T) break;
+        const float xv[kChunk] = {lo[u].x, lo[u].y, lo[u].z, lo[u].w, hi[u].x, hi[u].y, hi[u].z, hi[u].w};
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          b_sum[first + u] = fmaf(xv[i], wb[i], b_sum[first + u]);
+          a_sum[first + u] = fmaf(xv[i], wa[i], a_sum[first + u]);
+        }
+      }
     }
   }
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) {
+    if (t >= T) break;
+    const float b_total = warp_sum(b_sum[t]), a_total = warp_sum(a_sum[t]);
+    if (lane == 0) gate_partials[0][t][warp] = b_total, gate_partials[1][t][warp] = a_total;
+  }
+  __syncthreads();  // every conv state read is done; the stage and the gate partials are in
+
+  // With update_state the last value head of the key head to have read its q / k conv state writes it. The
+  // ticket's answer is needed only then, at the end.
+  unsigned ticket = 0;
+  if (a.update_state && tid == 0)
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
+                 : "=r"(ticket)
+                 : "l"(a.tickets + key_head)
+                 : "memory");
 
   // The gates (threads t < T: beta, T + t: g), then q and k normalised as gdn_recurrence.cuh stages them.
   if (tid < 2 * T) {
@@ -218,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   }
   __syncthreads();
 
-  // 3. The recurrence, token by token, each warp on its own columns.
+  // The recurrence, token by token, each warp on its own columns.
   const int own_column = row_group / 4;
   const bool writer = active && row_group % 4 == 0;
   for (int t = 0; t < T; ++t) {
@@ -233,19 +257,31 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     if (writer) stage_out[t][column + own_column] = output;
   }
   if (a.update_state && active) gdn::store_state_block(s, state, a.state_stride, first_row, d.dk);
+  if (a.update_state && tid == 0) {
+    last_reader = ticket == static_cast<unsigned>(ratio - 1);
+    if (last_reader) a.tickets[key_head] = 0;  // ready for the next call
+  }
   __syncthreads();
 
-  // 4. The gated RMSNorm: warp t normalises token t's row (lane: columns lane, lane + 32, ...).
-  for (int t = warp; t < T; t += kWarps) {
-    const float* z = a.qkvz + t * a.qkvz_stride + 2 * static_cast<int64_t>(d.num_key_heads) * d.dk +
-                     static_cast<int64_t>(d.num_value_heads + head) * d.dv;
+  if (a.update_state && convolves && (tid >= 2 * d.dk || last_reader))
+#pragma unroll
+    for (int j = 0; j < kHistory; ++j) a.conv_state[channel * a.conv_state_stride + j] = history[j];
+
+  // The gated RMSNorm: warp t normalises token t's row (lane: columns lane, lane + 32, ...).
+  if (warp < T) {
     float squares = 0.0f;
-    for (int c = lane; c < d.dv; c += kWarpSize) squares += stage_out[t][c] * stage_out[t][c];
+#pragma unroll
+    for (int j = 0; j < kNormColumns; ++j)
+      if (lane + kWarpSize * j < d.dv)
+        squares += stage_out[warp][lane + kWarpSize * j] * stage_out[warp][lane + kWarpSize * j];
     squares = warp_sum(squares);
     const float inverse_rms = 1.0f / sqrtf(squares / static_cast<float>(d.dv) + a.eps);
-    float* y = a.out + t * a.out_stride + static_cast<int64_t>(head) * d.dv;
-    for (int c = lane; c < d.dv; c += kWarpSize)
-      y[c] = a.norm_weight.at(0, c) * (stage_out[t][c] * inverse_rms) * silu(z[c]);
+    float* y = a.out + warp * a.out_stride + static_cast<int64_t>(head) * d.dv;
+#pragma unroll
+    for (int j = 0; j < kNormColumns; ++j)
+      if (lane + kWarpSize * j < d.dv)
+        y[lane + kWarpSize * j] =
+            norm_scale[j] * (stage_out[warp][lane + kWarpSize * j] * inverse_rms) * silu(z[j]);
   }
 }
 
