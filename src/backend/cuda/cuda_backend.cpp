@@ -81,7 +81,7 @@ class CudaBackend final : public Backend {
     stream_ = std::make_unique<CudaStream>();
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).
     static_cast<void>(programmatic_launch_enabled());
-    gdn_mixer_tickets_ = DeviceMemory(kGdnMixerMaxKeyHeads * sizeof(unsigned));
+    gdn_mixer_tickets_ = DeviceMemory(2 * kGdnMixerMaxHeads * sizeof(unsigned));
     check_cuda(cudaMemset(gdn_mixer_tickets_.data(), 0, gdn_mixer_tickets_.bytes()),
                "zeroing gdn_mixer's tickets");
   }
@@ -374,9 +374,10 @@ class CudaBackend final : public Backend {
       return;
     }
     check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
-    check_cuda(launch_gdn_mixer({out, conv_out, beta, g, qkvz, x, conv_state, recurrent_state}, w, shape, eps,
-                                update_state, static_cast<unsigned*>(gdn_mixer_tickets_.data()), stream()),
-               "gdn_mixer");
+    check_cuda(
+        launch_gdn_mixer({out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state}, w, shape, eps,
+                         update_state, static_cast<unsigned*>(gdn_mixer_tickets_.data()), stream()),
+        "gdn_mixer");
   }
 
   void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) override {

@@ -1,16 +1,20 @@
 // A Gated DeltaNet layer's mixer for a decode or verify step (up to 16 tokens) in one kernel, where the
 // composition takes four (conv1d_silu, gdn_gates_linear, gated_delta_rule, gated_rmsnorm), each a dependent
-// launch of a few microseconds. One block per value head h, 16 warps:
-//   1. the gates: b = x W_b[h]^T and a = x W_a[h]^T (thread i: hidden chunks of 8, i + 512, ...; per-warp
-//      sums, then the warps' in order), beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias);
-//   2. the causal conv1d + SiLU of the head's q and k channels (its key head's) and v channels, a thread per
-//      channel walking the tokens (conv1d.cu's arithmetic);
-//   3. the recurrence: warp w owns state columns 8w .. 8w + 7 with gdn_recurrence.cuh's lane layout and
-//      arithmetic, so a verify step's state, replayed by gdn_commit, is bit for bit what a decode step makes;
-//   4. the gated RMSNorm of the head's output row (a warp per token) with z.
+// launch of a few microseconds. One block per (value head h, slab of 32 state columns), as the recurrence's
+// own kernel, so that the state's bytes move through every SM; 10 warps:
+//   1. the causal conv1d + SiLU of h's q and k channels (its key head's) and the slab's v channels, a thread
+//      per channel (conv1d.cu's arithmetic);
+//   2. the gates: b = x W_b[h]^T and a = x W_a[h]^T (thread i: hidden chunks i, i + 320, ...; per-warp sums,
+//      then the warps' in order), beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias);
+//   3. the recurrence on warps 0-3 with gdn_recurrence.cuh's lane layout and arithmetic, so a verify step's
+//      state, replayed by gdn_commit, is bit for bit what decode steps make;
+//   4. the gated RMSNorm: each slab stores its raw outputs and its sum of squares per token; the last slab
+//      of the head to finish (a ticket, release / acquire) adds the sums in slab order and normalises the
+//      row.
 // Every token's arithmetic is the same at T = 1 and 16. conv_out, beta and g are written for gdn_commit's
-// replay. The value heads of one key head all read its q / k conv state; with update_state the last of them
-// to have read it (a ticket per key head, release / acquire) writes the new one.
+// replay. All slabs of the value heads of one key head read its q / k conv state; with update_state the last
+// of them to have read it (a ticket per key head) writes the new one. The weights are read before the wait
+// (pdl.cuh) and every activation and state load is issued before the arithmetic that waits on it.
 #include <cmath>
 
 #include "backend/cuda/gdn_recurrence.cuh"
@@ -22,13 +26,15 @@ namespace qspec::cuda {
 
 namespace {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kRecurrenceWarps = gdn::kWarps;  // 4: the slab's 32 columns
+constexpr int kWarps = 10;                     // the conv's channels, the gates' chunks
+constexpr int kThreads = kWarps * kWarpSize;   // 320
 constexpr int kMaxTokens = gdn::kStageTokens;
-constexpr int kMaxValueDim = kWarps * gdn::kWarpColumns;  // 128
-constexpr int kKernel = 4;                                // the conv kernel size taken (Qwen3.5's)
+constexpr int kSlab = gdn::kSlabColumns;  // 32
+constexpr int kKernel = 4;                // the conv kernel size taken (Qwen3.5's)
 constexpr int kHistory = kKernel - 1;
 constexpr int kChunk = 8;  // hidden values per 16-byte BF16 weight load
+static_assert(2 * gdn::kMaxKeyDim + kSlab <= kThreads, "a thread per conv channel");
 
 // A small per-layer weight (conv taps, a_log, dt_bias, the norm's) of any float type, read as F32.
 struct Scalars {
@@ -62,7 +68,9 @@ struct MixerArgs {
   const __nv_bfloat16 *w_b, *w_a;  // [nv, H]
   int64_t w_b_stride, w_a_stride;
   Scalars conv_weight, a_log, dt_bias, norm_weight;
-  unsigned* tickets;  // one per key head, zero between calls
+  float* norm_partials;  // [T, nv * dv] (core): the slabs' sums of squares at (t, h * dv + slab)
+  int64_t norm_partials_stride;
+  unsigned *conv_tickets, *norm_tickets;  // per key head, per value head; zero between calls
   int tokens, hidden_chunks;
   float eps;
   bool update_state;
@@ -78,55 +86,50 @@ __device__ inline void bf16x8(const uint4 raw, float (&out)[kChunk]) {
   }
 }
 
-// Latency first: the weights are read before the wait (pdl.cuh); then every activation and state load is
-// issued before the arithmetic that waits for any of them, so the block pays about one round trip before its
-// conv and one per four tokens of gates.
 template <int kRows>
 __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::Dims d) {
   constexpr int kKeys = kRows * gdn::kRowGroups;
-  constexpr int kKeyStride = kKeys + 4;                   // as gdn_recurrence.cuh's staging
-  constexpr int kNormColumns = kMaxValueDim / kWarpSize;  // a lane's columns of a token's row (norm)
-  constexpr int kGateBatch = 4;                           // tokens whose x is loaded at once
-  __shared__ float stage_qk[2][kMaxTokens][kKeyStride];   // [0] queries, [1] keys
-  __shared__ float stage_value[kMaxTokens][kMaxValueDim];
-  __shared__ float stage_out[kMaxTokens][kMaxValueDim];
+  constexpr int kKeyStride = kKeys + 4;                  // as gdn_recurrence.cuh's staging
+  constexpr int kGateBatch = 4;                          // tokens whose x is loaded at once
+  __shared__ float stage_qk[2][kMaxTokens][kKeyStride];  // [0] queries, [1] keys
+  __shared__ float stage_value[kMaxTokens][kSlab];
   __shared__ float stage_beta[kMaxTokens], stage_decay[kMaxTokens];
   __shared__ float gate_partials[2][kMaxTokens][kWarps];
-  __shared__ bool last_reader;
+  __shared__ float square_partials[kMaxTokens][kRecurrenceWarps];
+  __shared__ bool last_slab, writes_key_conv_state;
 
-  const int head = static_cast<int>(blockIdx.x);
+  const int head = static_cast<int>(blockIdx.x), slab = static_cast<int>(blockIdx.y);
+  const int slabs = static_cast<int>(gridDim.y);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int T = a.tokens;
   const int ratio = d.num_value_heads / d.num_key_heads, key_head = head / ratio;
+  const int64_t nk_dk = static_cast<int64_t>(d.num_key_heads) * d.dk;
 
-  // Thread roles: channel tid of the conv (i < dk its key head's q, then k, then its own v), hidden chunk
-  // tid of the gates, columns lane + 32 j of token `warp`'s norm.
-  const int channels = 2 * d.dk + d.dv;
-  const bool convolves = tid < channels;  // channels <= kThreads (gdn_mixer_fits)
-  const int64_t channel = tid < d.dk ? static_cast<int64_t>(key_head) * d.dk + tid
-                          : tid < 2 * d.dk
-                              ? static_cast<int64_t>(d.num_key_heads + key_head) * d.dk + (tid - d.dk)
-                              : 2 * static_cast<int64_t>(d.num_key_heads) * d.dk +
-                                    static_cast<int64_t>(head) * d.dv + (tid - 2 * d.dk);
-  const bool gates = tid < a.hidden_chunks;  // hidden_chunks <= kThreads (gdn_mixer_fits)
-  float taps[kKernel] = {}, wb[kChunk] = {}, wa[kChunk] = {}, norm_scale[kNormColumns] = {};
+  // Thread tid convolves channel tid (i < dk: the key head's q, then its k, then the slab's v) and dots
+  // hidden chunks tid, tid + kThreads, ... of the gates.
+  const int slab_values = min(kSlab, d.dv - slab * kSlab);
+  const bool convolves = tid < 2 * d.dk + slab_values;
+  const int64_t channel =
+      tid < d.dk       ? static_cast<int64_t>(key_head) * d.dk + tid
+      : tid < 2 * d.dk ? nk_dk + static_cast<int64_t>(key_head) * d.dk + (tid - d.dk)
+                       : 2 * nk_dk + static_cast<int64_t>(head) * d.dv + slab * kSlab + (tid - 2 * d.dk);
+  float taps[kKernel] = {};
   if (convolves)
 #pragma unroll
     for (int j = 0; j < kKernel; ++j) taps[j] = a.conv_weight.at(channel, j);
-  if (gates) {
-    bf16x8(reinterpret_cast<const uint4*>(a.w_b + head * a.w_b_stride)[tid], wb);
-    bf16x8(reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride)[tid], wa);
-  }
-#pragma unroll
-  for (int j = 0; j < kNormColumns; ++j)
-    if (lane + kWarpSize * j < d.dv) norm_scale[j] = a.norm_weight.at(0, lane + kWarpSize * j);
+  const auto* b_weights = reinterpret_cast<const uint4*>(a.w_b + head * a.w_b_stride);
+  const auto* a_weights = reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride);
+  float wb[kChunk] = {}, wa[kChunk] = {};  // the first chunk's, before the wait
+  if (tid < a.hidden_chunks) bf16x8(b_weights[tid], wb), bf16x8(a_weights[tid], wa);
   wait_for_previous_kernel();
   allow_next_kernel();
 
-  // The lane's block of the state (gdn_recurrence.cuh's layout, slab = warp / 4).
+  // The lane's block of the state (gdn_recurrence.cuh's layout); warps past the recurrence's hold none.
   const int quad = lane / gdn::kRowGroups, row_group = lane % gdn::kRowGroups;
-  const int column = warp * gdn::kWarpColumns + quad * 4;
-  const bool active = column < d.dv;
+  const int slab_column = warp * gdn::kWarpColumns + quad * 4;
+  const int column = slab * kSlab + slab_column;
+  const bool recurs = warp < kRecurrenceWarps;
+  const bool active = recurs && column < d.dv;
   const int first_row = row_group * kRows;
   float* state = a.state + static_cast<int64_t>(head) * d.dk * a.state_stride + column;
   float s[kRows][4];
@@ -139,16 +142,10 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     for (int t = 0; t < kMaxTokens; ++t)
       if (t < T) inputs[t] = a.qkvz[t * a.qkvz_stride + channel];
   }
-  float z[kNormColumns] = {};
-  const float* z_row = a.qkvz + warp * a.qkvz_stride + 2 * static_cast<int64_t>(d.num_key_heads) * d.dk +
-                       static_cast<int64_t>(d.num_value_heads + head) * d.dv;
-#pragma unroll
-  for (int j = 0; j < kNormColumns; ++j)
-    if (warp < T && lane + kWarpSize * j < d.dv) z[j] = z_row[lane + kWarpSize * j];
 
-  // The conv (conv1d.cu's arithmetic): into the stage, and conv_out (the q / k channels by one value head).
+  // 1. The conv: into the stage, and conv_out (the q / k channels by one block of the key head).
   if (convolves) {
-    const bool writes_output = tid >= 2 * d.dk || head % ratio == 0;
+    const bool writes_output = tid >= 2 * d.dk || (head % ratio == 0 && slab == 0);
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
       if (t >= T) break;
@@ -174,17 +171,18 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     if (i >= d.dk) stage_qk[0][t][i] = stage_qk[1][t][i] = 0.0f;
   }
 
-  // The gates' dot products: thread = hidden chunk, per-warp sums, then the warps' in order.
+  // 2. The gates' dot products.
   float b_sum[kMaxTokens] = {}, a_sum[kMaxTokens] = {};
-  if (gates) {
+  for (int c = tid; c < a.hidden_chunks; c += kThreads) {
+    if (c != tid) bf16x8(b_weights[c], wb), bf16x8(a_weights[c], wa);
 #pragma unroll
     for (int first = 0; first < kMaxTokens; first += kGateBatch) {
       if (first >= T) break;
-      float4 lo[kGateBatch], hi[kGateBatch];
+      float4 lo[kGateBatch] = {}, hi[kGateBatch] = {};
 #pragma unroll
       for (int u = 0; u < kGateBatch; ++u) {
         if (first + u < T) {
-          const auto* xc = reinterpret_cast<const float4*>(a.x + (first + u) * a.x_stride) + 2 * tid;
+          const auto* xc = reinterpret_cast<const float4*>(a.x + (first + u) * a.x_stride) + 2 * c;
           lo[u] = xc[0], hi[u] = xc[1];
         }
       }
@@ -208,13 +206,13 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   }
   __syncthreads();  // every conv state read is done; the stage and the gate partials are in
 
-  // With update_state the last value head of the key head to have read its q / k conv state writes it. The
-  // ticket's answer is needed only then, at the end.
-  unsigned ticket = 0;
+  // With update_state the last block of the key head to have read its q / k conv state writes it; the
+  // ticket's answer is needed only at the end.
+  unsigned conv_ticket = 0;
   if (a.update_state && tid == 0)
     asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
-                 : "=r"(ticket)
-                 : "l"(a.tickets + key_head)
+                 : "=r"(conv_ticket)
+                 : "l"(a.conv_tickets + key_head)
                  : "memory");
 
   // The gates (threads t < T: beta, T + t: g), then q and k normalised as gdn_recurrence.cuh stages them.
@@ -226,12 +224,12 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     if (!gate_a) {
       const float beta = sigmoid(sum);
       stage_beta[t] = beta;
-      a.beta[t * a.beta_stride + head] = beta;
+      if (slab == 0) a.beta[t * a.beta_stride + head] = beta;
     } else {
       const float decay_rate = -expf(a.a_log.at(0, head));
       const float g = decay_rate * softplus(sum + a.dt_bias.at(0, head));
       stage_decay[t] = expf(g);
-      a.g[t * a.g_stride + head] = g;
+      if (slab == 0) a.g[t * a.g_stride + head] = g;
     }
   }
   if (tid < gdn::kThreads) {
@@ -242,51 +240,65 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   }
   __syncthreads();
 
-  // The recurrence, token by token, each warp on its own columns.
-  const int own_column = row_group / 4;
-  const bool writer = active && row_group % 4 == 0;
-  for (int t = 0; t < T; ++t) {
-    const float* key = &stage_qk[1][t][first_row];
-    float prediction_partials[4], partials[4];
-    gdn::decay_and_predict(s, key, stage_decay[t], prediction_partials);
-    const float prediction = gdn::reduce_scatter_columns(prediction_partials, row_group);
-    const float value = active ? stage_value[t][column + own_column] : 0.0f;
-    gdn::apply_delta(s, key, (value - prediction) * stage_beta[t], row_group);
-    gdn::output_partials(s, &stage_qk[0][t][first_row], partials);
-    const float output = gdn::reduce_scatter_columns(partials, row_group);
-    if (writer) stage_out[t][column + own_column] = output;
-  }
-  if (a.update_state && active) gdn::store_state_block(s, state, a.state_stride, first_row, d.dk);
-  if (a.update_state && tid == 0) {
-    last_reader = ticket == static_cast<unsigned>(ratio - 1);
-    if (last_reader) a.tickets[key_head] = 0;  // ready for the next call
+  // 3. The recurrence, token by token; each output goes out raw, with the warp's sum of its squares.
+  if (recurs) {
+    const int own_column = row_group / 4;
+    const bool writer = active && row_group % 4 == 0;
+    float* out_column = a.out + static_cast<int64_t>(head) * d.dv + column + own_column;
+    for (int t = 0; t < T; ++t) {
+      const float* key = &stage_qk[1][t][first_row];
+      float prediction_partials[4], partials[4];
+      gdn::decay_and_predict(s, key, stage_decay[t], prediction_partials);
+      const float prediction = gdn::reduce_scatter_columns(prediction_partials, row_group);
+      const float value = active ? stage_value[t][slab_column + own_column] : 0.0f;
+      gdn::apply_delta(s, key, (value - prediction) * stage_beta[t], row_group);
+      gdn::output_partials(s, &stage_qk[0][t][first_row], partials);
+      const float output = gdn::reduce_scatter_columns(partials, row_group);
+      if (writer) out_column[t * a.out_stride] = output;
+      const float squares = warp_sum(writer ? output * output : 0.0f);
+      if (lane == 0) square_partials[t][warp] = squares;
+    }
+    if (a.update_state && active) gdn::store_state_block(s, state, a.state_stride, first_row, d.dk);
   }
   __syncthreads();
-
-  if (a.update_state && convolves && (tid >= 2 * d.dk || last_reader))
+  if (tid < T) {
+    float squares = 0.0f;
+    for (int w = 0; w < kRecurrenceWarps; ++w) squares += square_partials[tid][w];
+    a.norm_partials[tid * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + slab] = squares;
+  }
+  __syncthreads();  // the raw outputs and the sums are stored before thread 0's ticket releases them
+  if (tid == 0) {
+    unsigned before;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(a.norm_tickets + head)
+                 : "memory");
+    last_slab = before == static_cast<unsigned>(slabs - 1);
+    if (last_slab) a.norm_tickets[head] = 0;  // ready for the next call
+    if (a.update_state) {
+      const bool last_reader = conv_ticket == static_cast<unsigned>(ratio * slabs - 1);
+      if (last_reader) a.conv_tickets[key_head] = 0;
+      writes_key_conv_state = last_reader;
+    }
+  }
+  __syncthreads();
+  if (a.update_state && convolves && (tid >= 2 * d.dk || writes_key_conv_state))
 #pragma unroll
     for (int j = 0; j < kHistory; ++j) a.conv_state[channel * a.conv_state_stride + j] = history[j];
+  if (!last_slab) return;
 
-  // The gated RMSNorm: warp t normalises token t's row (lane: columns lane, lane + 32, ...).
-  if (warp < T) {
+  // 4. The gated RMSNorm of the head's row, by the last slab: warp t % kWarps takes token t.
+  for (int t = warp; t < T; t += kWarps) {
     float squares = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kNormColumns; ++j)
-      if (lane + kWarpSize * j < d.dv)
-        squares += stage_out[warp][lane + kWarpSize * j] * stage_out[warp][lane + kWarpSize * j];
-    squares = warp_sum(squares);
+    for (int k = 0; k < slabs; ++k)
+      squares += __ldcg(a.norm_partials + t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + k);
     const float inverse_rms = 1.0f / sqrtf(squares / static_cast<float>(d.dv) + a.eps);
-    float* y = a.out + warp * a.out_stride + static_cast<int64_t>(head) * d.dv;
-#pragma unroll
-    for (int j = 0; j < kNormColumns; ++j)
-      if (lane + kWarpSize * j < d.dv)
-        y[lane + kWarpSize * j] =
-            norm_scale[j] * (stage_out[warp][lane + kWarpSize * j] * inverse_rms) * silu(z[j]);
+    float* y = a.out + t * a.out_stride + static_cast<int64_t>(head) * d.dv;
+    const float* z =
+        a.qkvz + t * a.qkvz_stride + 2 * nk_dk + static_cast<int64_t>(d.num_value_heads + head) * d.dv;
+    for (int c = lane; c < d.dv; c += kWarpSize)
+      y[c] = a.norm_weight.at(0, c) * (__ldcg(y + c) * inverse_rms) * silu(z[c]);
   }
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace
@@ -296,11 +308,10 @@ bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& conv_weig
   const auto& [nk, nv, dk, dv] = shape;
   auto floats = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
   return qkvz.rows >= 1 && qkvz.rows <= kMaxTokens && conv_weight.cols == kKernel &&
-         nk <= kGdnMixerMaxKeyHeads && 2 * dk + dv <= kThreads && dv <= kMaxValueDim &&
-         dk <= gdn::kMaxKeyDim && gdn::recurrence_fits(state.ptr<const float>(), state.stride, dk, dv) &&
+         nv <= kGdnMixerMaxHeads && dk <= gdn::kMaxKeyDim &&
+         gdn::recurrence_fits(state.ptr<const float>(), state.stride, dk, dv) &&
          gdn_gates_linear_supports(x, w.w_b, w.w_a) && floats(conv_weight.dtype) && floats(w.a_log.dtype) &&
-         floats(w.dt_bias.dtype) && floats(w.norm_weight.dtype) && w.norm_weight.cols == dv &&
-         aligned16(x.data);
+         floats(w.dt_bias.dtype) && floats(w.norm_weight.dtype) && w.norm_weight.cols == dv;
 }
 
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& o, const GdnMixerWeights& w, const GdnShape& shape,
@@ -330,16 +341,19 @@ cudaError_t launch_gdn_mixer(const GdnMixerOperands& o, const GdnMixerWeights& w
                        {w.a_log.data, w.a_log.dtype, 0},
                        {w.dt_bias.data, w.dt_bias.dtype, 0},
                        {w.norm_weight.data, w.norm_weight.dtype, 0},
+                       o.core.ptr<float>(),
+                       o.core.stride,
                        tickets,
+                       tickets + kGdnMixerMaxHeads,
                        static_cast<int>(o.qkvz.rows),
                        static_cast<int>(o.x.cols / kChunk),
                        eps,
                        update_state};
   const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
   const gdn::Dims dims{nk, nv, dk, dv, query_scale};
+  const dim3 grid(static_cast<unsigned>(nv), static_cast<unsigned>(gdn::slabs(dv)));
   return gdn::with_rows_per_lane(dk, [&](auto rows) {
-    return launch_kernel(gdn_mixer_kernel<decltype(rows)::value>, static_cast<unsigned>(nv), kThreads, 0,
-                         stream, args, dims);
+    return launch_kernel(gdn_mixer_kernel<decltype(rows)::value>, grid, kThreads, 0, stream, args, dims);
   });
 }
 

@@ -157,12 +157,12 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream);
-// gdn_mixer.cu: Backend::gdn_mixer as one kernel for 1..16 tokens (conv kernel 4, dk and dv <= 128, the
-// gates as gdn_gates_linear_supports takes them, at most kGdnMixerMaxKeyHeads key heads: one ticket each in
-// `tickets`, zero between calls).
-inline constexpr int kGdnMixerMaxKeyHeads = 256;
+// gdn_mixer.cu: Backend::gdn_mixer as one kernel for 1..16 tokens (conv kernel 4, dk <= 128, the state as
+// gdn_recurrence.cuh takes it, the gates as gdn_gates_linear_supports takes them, at most kGdnMixerMaxHeads
+// value heads). `tickets` holds 2 * kGdnMixerMaxHeads counters, zero between calls; core is its scratch.
+inline constexpr int kGdnMixerMaxHeads = 256;
 struct GdnMixerOperands {
-  Tensor out, conv_out, beta, g, qkvz, x, conv_state, state;
+  Tensor out, conv_out, beta, g, core, qkvz, x, conv_state, state;
 };
 bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& conv_weight, const Tensor& state,
                     const GdnMixerWeights& w, const GdnShape& shape);
