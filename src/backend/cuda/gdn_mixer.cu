@@ -33,7 +33,9 @@ constexpr int kMaxTokens = gdn::kStageTokens;
 constexpr int kSlab = gdn::kSlabColumns;  // 32
 constexpr int kKernel = 4;                // the conv kernel size taken (Qwen3.5's)
 constexpr int kHistory = kKernel - 1;
-constexpr int kChunk = 8;  // hidden values per 16-byte BF16 weight load
+constexpr int kChunk = 8;        // hidden values per 16-byte BF16 weight load
+constexpr int kNormColumns = 4;  // a lane's columns of a row in the norm: dv <= 128
+constexpr int kNormTokens = (gdn::kStageTokens + kWarps - 1) / kWarps;  // a warp's tokens in the norm
 static_assert(2 * gdn::kMaxKeyDim + kSlab <= kThreads, "a thread per conv channel");
 
 // A small per-layer weight (conv taps, a_log, dt_bias, the norm's) of any float type, read as F32.
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   __shared__ float stage_value[kMaxTokens][kSlab];
   __shared__ float stage_beta[kMaxTokens], stage_decay[kMaxTokens];
   __shared__ float gate_partials[2][kMaxTokens][kWarps];
-  __shared__ float square_partials[kMaxTokens][kRecurrenceWarps];
+  __shared__ float stage_out[kMaxTokens][kSlab];
   __shared__ bool last_slab, writes_key_conv_state;
 
   const int head = static_cast<int>(blockIdx.x), slab = static_cast<int>(blockIdx.y);
@@ -121,6 +123,10 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   const auto* a_weights = reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride);
   float wb[kChunk] = {}, wa[kChunk] = {};  // the first chunk's, before the wait
   if (tid < a.hidden_chunks) bf16x8(b_weights[tid], wb), bf16x8(a_weights[tid], wa);
+  float norm_scale[kNormColumns] = {};  // the norm's weights at columns lane + 32 j
+#pragma unroll
+  for (int j = 0; j < kNormColumns; ++j)
+    if (lane + kWarpSize * j < d.dv) norm_scale[j] = a.norm_weight.at(0, lane + kWarpSize * j);
   wait_for_previous_kernel();
   allow_next_kernel();
 
@@ -141,6 +147,18 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t)
       if (t < T) inputs[t] = a.qkvz[t * a.qkvz_stride + channel];
+  }
+  // z of the norm's tokens warp + kWarps n: only the head's last slab to finish uses it, but loading it now
+  // keeps it off that block's tail.
+  float z[kNormTokens][kNormColumns] = {};
+#pragma unroll
+  for (int n = 0; n < kNormTokens; ++n) {
+    const int t = warp + kWarps * n;
+    const float* z_row =
+        a.qkvz + t * a.qkvz_stride + 2 * nk_dk + static_cast<int64_t>(d.num_value_heads + head) * d.dv;
+#pragma unroll
+    for (int j = 0; j < kNormColumns; ++j)
+      if (t < T && lane + kWarpSize * j < d.dv) z[n][j] = z_row[lane + kWarpSize * j];
   }
 
   // 1. The conv: into the stage, and conv_out (the q / k channels by one block of the key head).
@@ -240,31 +258,36 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   }
   __syncthreads();
 
-  // 3. The recurrence, token by token; each output goes out raw, with the warp's sum of its squares.
+  // 3. The recurrence, token by token (an output reduced one token late, its shuffles overlapping the next
+  // token's, as gdn_recurrence.cuh does), into the stage; then the raw outputs go out with the slab's sums of
+  // their squares (warp t % kWarps: token t, lane: column).
   if (recurs) {
     const int own_column = row_group / 4;
     const bool writer = active && row_group % 4 == 0;
-    float* out_column = a.out + static_cast<int64_t>(head) * d.dv + column + own_column;
+    float partials[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the previous token's output
     for (int t = 0; t < T; ++t) {
       const float* key = &stage_qk[1][t][first_row];
-      float prediction_partials[4], partials[4];
+      float prediction_partials[4];
       gdn::decay_and_predict(s, key, stage_decay[t], prediction_partials);
       const float prediction = gdn::reduce_scatter_columns(prediction_partials, row_group);
+      const float previous_output = gdn::reduce_scatter_columns(partials, row_group);
+      if (t > 0 && writer) stage_out[t - 1][slab_column + own_column] = previous_output;
       const float value = active ? stage_value[t][slab_column + own_column] : 0.0f;
       gdn::apply_delta(s, key, (value - prediction) * stage_beta[t], row_group);
       gdn::output_partials(s, &stage_qk[0][t][first_row], partials);
-      const float output = gdn::reduce_scatter_columns(partials, row_group);
-      if (writer) out_column[t * a.out_stride] = output;
-      const float squares = warp_sum(writer ? output * output : 0.0f);
-      if (lane == 0) square_partials[t][warp] = squares;
     }
+    const float last_output = gdn::reduce_scatter_columns(partials, row_group);
+    if (writer) stage_out[T - 1][slab_column + own_column] = last_output;
     if (a.update_state && active) gdn::store_state_block(s, state, a.state_stride, first_row, d.dk);
   }
   __syncthreads();
-  if (tid < T) {
-    float squares = 0.0f;
-    for (int w = 0; w < kRecurrenceWarps; ++w) squares += square_partials[tid][w];
-    a.norm_partials[tid * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + slab] = squares;
+  for (int t = warp; t < T; t += kWarps) {
+    const bool present = lane < slab_values;
+    const float output = present ? stage_out[t][lane] : 0.0f;
+    if (present) a.out[t * a.out_stride + static_cast<int64_t>(head) * d.dv + slab * kSlab + lane] = output;
+    const float squares = warp_sum(output * output);
+    if (lane == 0)
+      a.norm_partials[t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + slab] = squares;
   }
   __syncthreads();  // the raw outputs and the sums are stored before thread 0's ticket releases them
   if (tid == 0) {
@@ -287,17 +310,21 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     for (int j = 0; j < kHistory; ++j) a.conv_state[channel * a.conv_state_stride + j] = history[j];
   if (!last_slab) return;
 
-  // 4. The gated RMSNorm of the head's row, by the last slab: warp t % kWarps takes token t.
-  for (int t = warp; t < T; t += kWarps) {
+    // 4. The gated RMSNorm of the head's row, by the last slab: warp w takes tokens w + kWarps n.
+#pragma unroll
+  for (int n = 0; n < kNormTokens; ++n) {
+    const int t = warp + kWarps * n;
+    if (t >= T) break;
     float squares = 0.0f;
     for (int k = 0; k < slabs; ++k)
       squares += __ldcg(a.norm_partials + t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + k);
     const float inverse_rms = 1.0f / sqrtf(squares / static_cast<float>(d.dv) + a.eps);
     float* y = a.out + t * a.out_stride + static_cast<int64_t>(head) * d.dv;
-    const float* z =
-        a.qkvz + t * a.qkvz_stride + 2 * nk_dk + static_cast<int64_t>(d.num_value_heads + head) * d.dv;
-    for (int c = lane; c < d.dv; c += kWarpSize)
-      y[c] = a.norm_weight.at(0, c) * (__ldcg(y + c) * inverse_rms) * silu(z[c]);
+#pragma unroll
+    for (int j = 0; j < kNormColumns; ++j) {
+      const int c = lane + kWarpSize * j;
+      if (c < d.dv) y[c] = norm_scale[j] * (__ldcg(y + c) * inverse_rms) * silu(z[n][j]);
+    }
   }
 }
 
