@@ -46,9 +46,14 @@ int line_of(const std::string& code, size_t pos) {
          static_cast<int>(std::count(code.begin(), code.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
 }
 
-// The linear kernels request their first weights before the wait (pdl.cuh): they must still wait, in the
-// kernel's own body, before they read x.
-const std::vector<std::string> kWeightsBeforeWait = {"linear_mma_kernel(", "linear_row_kernel("};
+// Kernels that request their first weights before the wait (pdl.cuh) must still wait, in the kernel's own
+// body, before their first read of anything else: the call named here.
+struct WeightsFirst {
+  std::string kernel, first_other_read;
+};
+const std::vector<WeightsFirst> kWeightsBeforeWait = {{"linear_mma_kernel(", "stage_x"},
+                                                      {"linear_row_kernel(", "stage_x"},
+                                                      {"gdn_mixer_kernel(", "load_state_block"}};
 
 // The kernels whose next launch is cuBLAS's only wait (pdl.cuh).
 const std::vector<std::string> kWaitOnly = {"rows_to_bf16_kernel(", "dequantize_w4a16_kernel("};
@@ -78,12 +83,17 @@ TEST(CudaSources, EveryKernelWaitsForThePreviousOneFirst) {
             << ": waits first, lets no kernel in early";
         continue;
       }
-      if (named(head, kWeightsBeforeWait)) {
+      const auto weights =
+          std::find_if(kWeightsBeforeWait.begin(), kWeightsBeforeWait.end(),
+                       [&](const WeightsFirst& k) { return head.find(k.kernel) != std::string::npos; });
+      if (weights != kWeightsBeforeWait.end()) {
         ++weights_first;
-        const size_t x_read = code.find("stage_x", body);
-        const std::string before_x = without_spaces(code.substr(body, x_read - body));
-        EXPECT_NE(before_x.find(prologue), std::string::npos)
-            << file.filename().string() << ":" << line_of(code, at) << ": waits before it stages x";
+        const size_t read = code.find(weights->first_other_read, body);
+        ASSERT_NE(read, std::string::npos) << file.filename().string() << ":" << line_of(code, at);
+        const std::string before_read = without_spaces(code.substr(body, read - body));
+        EXPECT_NE(before_read.find(prologue), std::string::npos)
+            << file.filename().string() << ":" << line_of(code, at) << ": waits before "
+            << weights->first_other_read;
         continue;
       }
       const std::string start = without_spaces(code.substr(body + 1, 4 * prologue.size()));
