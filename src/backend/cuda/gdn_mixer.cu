@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   const int ratio = d.num_value_heads / d.num_key_heads, key_head = head / ratio;
   const int64_t nk_dk = static_cast<int64_t>(d.num_key_heads) * d.dk;
 
-  // Thread tid convolves channel tid (i < dk: the key head's q, then its k, then the slab's v) and dots
+  // Thread tid convolves channel tid (tid < dk: the key head's q, then its k, then the slab's v) and dots
   // hidden chunks tid, tid + kThreads, ... of the gates.
   const int slab_values = min(kSlab, d.dv - slab * kSlab);
   const bool convolves = tid < 2 * d.dk + slab_values;
