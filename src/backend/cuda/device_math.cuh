@@ -23,6 +23,16 @@ __device__ inline float to_float(__half v) {
   return __half2float(v);
 }
 
+// 8 BF16 values (one 16-byte load) as floats: a BF16 value is the upper half of its float.
+__device__ inline void bf16x8_to_float(const uint4 raw, float (&out)[8]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
 __device__ inline float warp_sum(float v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

@@ -21,16 +21,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// 8 BF16 values (one 16-byte load) as floats: a BF16 value is the upper half of its float.
-__device__ inline void bf16x8_to_float(const uint4 raw, float (&out)[kChunk]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(words[i] << 16);
-    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
-
 template <typename LogRate, typename Bias>
 __global__ void gdn_gates_kernel(float* beta, int64_t beta_stride, float* g, int64_t g_stride, const float* b,
                                  int64_t b_stride, const float* a, int64_t a_stride, const LogRate* a_log,

@@ -78,16 +78,6 @@ struct MixerArgs {
   bool update_state;
 };
 
-// 8 BF16 weights (one 16-byte load) as floats.
-__device__ inline void bf16x8(const uint4 raw, float (&out)[kChunk]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(words[i] << 16);
-    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
-
 template <int kRows>
 __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::Dims d) {
   constexpr int kKeys = kRows * gdn::kRowGroups;
@@ -122,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   const auto* b_weights = reinterpret_cast<const uint4*>(a.w_b + head * a.w_b_stride);
   const auto* a_weights = reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride);
   float wb[kChunk] = {}, wa[kChunk] = {};  // the first chunk's, before the wait
-  if (tid < a.hidden_chunks) bf16x8(b_weights[tid], wb), bf16x8(a_weights[tid], wa);
+  if (tid < a.hidden_chunks) bf16x8_to_float(b_weights[tid], wb), bf16x8_to_float(a_weights[tid], wa);
   float norm_scale[kNormColumns] = {};  // the norm's weights at columns lane + 32 j
 #pragma unroll
   for (int j = 0; j < kNormColumns; ++j)
@@ -192,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   // 2. The gates' dot products.
   float b_sum[kMaxTokens] = {}, a_sum[kMaxTokens] = {};
   for (int c = tid; c < a.hidden_chunks; c += kThreads) {
-    if (c != tid) bf16x8(b_weights[c], wb), bf16x8(a_weights[c], wa);
+    if (c != tid) bf16x8_to_float(b_weights[c], wb), bf16x8_to_float(a_weights[c], wa);
 #pragma unroll
     for (int first = 0; first < kMaxTokens; first += kGateBatch) {
       if (first >= T) break;
