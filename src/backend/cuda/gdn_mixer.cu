@@ -216,12 +216,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
 
   // With update_state the last block of the key head to have read its q / k conv state writes it; the
   // ticket's answer is needed only at the end.
-  unsigned conv_ticket = 0;
-  if (a.update_state && tid == 0)
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
-                 : "=r"(conv_ticket)
-                 : "l"(a.conv_tickets + key_head)
-                 : "memory");
+  const unsigned conv_ticket = a.update_state && tid == 0 ? take_ticket(a.conv_tickets + key_head) : 0;
 
   // The gates (threads t < T: beta, T + t: g), then q and k normalised as gdn_recurrence.cuh stages them.
   if (tid < 2 * T) {
@@ -281,12 +276,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   }
   __syncthreads();  // the raw outputs and the sums are stored before thread 0's ticket releases them
   if (tid == 0) {
-    unsigned before;
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
-                 : "=r"(before)
-                 : "l"(a.norm_tickets + head)
-                 : "memory");
-    last_slab = before == static_cast<unsigned>(slabs - 1);
+    last_slab = take_ticket(a.norm_tickets + head) == static_cast<unsigned>(slabs - 1);
     if (last_slab) a.norm_tickets[head] = 0;  // ready for the next call
     if (a.update_state) {
       const bool last_reader = conv_ticket == static_cast<unsigned>(ratio * slabs - 1);

@@ -71,16 +71,6 @@ __device__ inline uint4 load_streaming(const uint4* p) {
   return v;
 }
 
-// A split's ticket: the arrival count before this one. Release: the partials stored before it (by this
-// thread, or by the block / warp ordered before it by a barrier) are visible to whoever acquires a later
-// ticket; acquire: the last arrival sees every earlier split's partials. No full fence: one waits for every
-// access in flight.
-__device__ inline unsigned take_ticket(unsigned* counter) {
-  unsigned before;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
-  return before;
-}
-
 __device__ inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
