@@ -231,7 +231,8 @@ TEST_F(CpuErrors, GatedDeltaRule) {
 }
 
 // The GDN mixer: qkvz as wide as the conv channels plus z; the composed ops' own checks (a state of the
-// wrong size, a norm weight that does not divide the output).
+// wrong size, a norm weight that does not divide the output); outputs that share memory with each other or an
+// input.
 TEST_F(CpuErrors, GdnMixer) {
   const GdnShape shape{2, 4, 8, 4};  // C = 2 * 2 * 8 + 4 * 4 = 48, z 16
   TestTensor qkvz = f32(3, 64), x = f32(3, 16), out = f32(3, 16), conv_out = f32(3, 48), beta = f32(3, 4),
@@ -251,6 +252,20 @@ TEST_F(CpuErrors, GdnMixer) {
                {"gated_delta_rule", "state", "[16, 4]", "[32, 4]"});
   expect_error([&] { mixer(qkvz.view(), state.view(), norm_odd.view()); },
                {"gdn_mixer", "16 columns", "weight's 3"});
+  const GdnMixerWeights weights{conv_weight.view(), gate, gate, a_log.view(), a_log.view(), norm.view()};
+  expect_error(
+      [&] {
+        backend->gdn_mixer(core.view(), conv_out.view(), beta.view(), g.view(), core.view(), qkvz.view(),
+                           x.view(), conv_state.view(), state.view(), weights, shape, 1e-6f, true);
+      },
+      {"gdn_mixer", "out and core overlap"});
+  expect_error(
+      [&] {
+        backend->gdn_mixer(out.view(), qkvz.view().cols_view(0, 48), beta.view(), g.view(), core.view(),
+                           qkvz.view(), x.view(), conv_state.view(), state.view(), weights, shape, 1e-6f,
+                           true);
+      },
+      {"gdn_mixer", "conv_out overlaps the input qkvz"});
 }
 
 TEST_F(CpuErrors, MemoryAndUpload) {

@@ -1326,14 +1326,17 @@ struct MixerOutputs {
         core(backends().poisoned(c.tokens, c.z_cols())) {}
 };
 
-// The recurrence's tolerance plus the gates' dot products (their error feeds beta and the decay).
+// kRecurrentGdnTolerance (the recurrence in another summation order) doubled: beta and the decay come from
+// the gates' dot products (kLinearTolerance-sized differences; sigmoid's and exp(softplus)'s slopes are at
+// most 1 here), and the norm divides by a sum of squares added in another order.
 constexpr double kGdnMixerTolerance = 1e-4;
 
-// The CUDA gdn_mixer (one kernel for T <= 16 on these shapes) against the CPU composition of conv1d_silu,
-// gdn_gates_linear, gated_delta_rule and gated_rmsnorm: the 4B layer, a fixture-sized one and one with dv 20
-// and three value heads per key head. Every output and both states; conv outputs and state to
-// kElementwiseTolerance / exactly, the gates to kLinearTolerance. Without update_state the states stay
-// untouched, bit for bit, and the outputs are those of the updating call.
+// The CUDA gdn_mixer (one kernel for T <= 16 on these shapes: checked) against the CPU composition of
+// conv1d_silu, gdn_gates_linear, gated_delta_rule and gated_rmsnorm: the 4B layer, a fixture-sized one, one
+// with dv 20 and three value heads per key head, and dk 16 with dv 36 (two slabs, the second of 4 columns).
+// Every output and both states; conv outputs and state to kElementwiseTolerance / exactly, the gates to
+// kLinearTolerance. Without update_state the states stay untouched, bit for bit, and the outputs are those of
+// the updating call.
 TEST(CudaOps, GdnMixer) {
   std::mt19937 rng(19);
   auto& b = backends();
@@ -1341,10 +1344,14 @@ TEST(CudaOps, GdnMixer) {
     GdnShape shape;
     int64_t hidden;
   };
-  const std::vector<Case> cases = {{{16, 32, 128, 128}, 2560}, {{2, 4, 32, 32}, 128}, {{1, 3, 48, 20}, 64}};
+  const std::vector<Case> cases = {
+      {{16, 32, 128, 128}, 2560}, {{2, 4, 32, 32}, 128}, {{1, 3, 48, 20}, 64}, {{2, 4, 16, 36}, 64}};
   for (const Case& c : cases) {
     for (int64_t tokens : {1, 3, 16}) {
       const MixerCase in(rng, c.shape, c.hidden, tokens);
+      ASSERT_TRUE(cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.conv_weight.gpu, in.fresh_state().gpu(),
+                                       in.weights(true), c.shape))
+          << in.label() << ": the fused kernel does not take it";
       const MixerOutputs o(in);
       TensorPair conv_state = in.fresh_conv_state(), state = in.fresh_state();
       on_both([&](const Side& s) {
@@ -1372,6 +1379,8 @@ TEST(CudaOps, GdnMixer) {
                    b.read_gpu(o.out.gpu()), kExact);
       expect_close("gdn_mixer", without + "conv_out equals the updating call's",
                    b.read_gpu(kept.conv_out.gpu()), b.read_gpu(o.conv_out.gpu()), kExact);
+      expect_close("gdn_mixer", without + "g equals the updating call's", b.read_gpu(kept.g.gpu()),
+                   b.read_gpu(o.g.gpu()), kExact);
     }
   }
 }
@@ -1391,6 +1400,9 @@ TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
   for (const Case& c : std::vector<Case>{{{16, 32, 128, 128}, 2560}, {{2, 4, 32, 32}, 128}}) {
     const MixerCase in(rng, c.shape, c.hidden, kTokens);
     const GdnMixerWeights w = in.weights(true);
+    ASSERT_TRUE(cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.conv_weight.gpu, in.fresh_state().gpu(), w,
+                                     c.shape))
+        << in.label() << ": the fused kernel does not take it";
     auto mixer = [&](const MixerOutputs& o, const TensorPair& conv_state, const TensorPair& state,
                      int64_t first, int64_t count, bool update) {
       auto rows = [&](const TensorPair& t) { return t.gpu().rows_view(first, count); };

@@ -84,17 +84,8 @@ __global__ void conv1d_silu_in_place_kernel(float* out, int64_t out_stride, cons
   for (int j = 0; j < kKernel; ++j) taps[j] = to_float(weight[c * weight_stride + j]);
 #pragma unroll
   for (int j = 0; j < kHistory; ++j) history[j] = state[c * state_stride + j];
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float current = x[t * x_stride + c];
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kHistory; ++j) sum += taps[j] * history[j];
-    sum += taps[kHistory] * current;
-#pragma unroll
-    for (int j = 0; j + 1 < kHistory; ++j) history[j] = history[j + 1];
-    if constexpr (kHistory > 0) history[kHistory - 1] = current;
-    out[t * out_stride + c] = silu(sum);
-  }
+  for (int64_t t = 0; t < tokens; ++t)
+    out[t * out_stride + c] = conv_silu_step(taps, history, x[t * x_stride + c]);
   if (!update_state) return;
 #pragma unroll
   for (int j = 0; j < kHistory; ++j) state[c * state_stride + j] = history[j];

@@ -75,6 +75,33 @@ __device__ inline float softplus(float x) {
   return x > 20.0f ? x : log1pf(expf(x));
 }
 
+// The GDN gates' log-decay g = -exp(a_log) * softplus(a + dt_bias), one expression wherever it is computed.
+__device__ inline float gdn_log_decay(float a_log, float a, float dt_bias) {
+  const float decay_rate = -expf(a_log);
+  return decay_rate * softplus(a + dt_bias);
+}
+
+// The gated RMSNorm of one value: w * (x * inverse_rms) * silu(z).
+__device__ inline float gated_norm(float weight, float x, float inverse_rms, float z) {
+  return weight * (x * inverse_rms) * silu(z);
+}
+
+// One token of a channel's causal conv1d + SiLU: taps[K - 1] multiplies the current input, taps[j] the j-th
+// oldest of the K - 1 previous ones in `history` (then advanced past the current input), summed in the CPU
+// reference's order.
+template <int kKernel>
+__device__ inline float conv_silu_step(const float (&taps)[kKernel], float* history, float current) {
+  constexpr int kHistory = kKernel - 1;
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kHistory; ++j) sum += taps[j] * history[j];
+  sum += taps[kHistory] * current;
+#pragma unroll
+  for (int j = 0; j + 1 < kHistory; ++j) history[j] = history[j + 1];
+  if constexpr (kHistory > 0) history[kHistory - 1] = current;
+  return silu(sum);
+}
+
 // Calls launch(W{}) with W the device type of a BF16/F16/F32 weight; other dtypes are refused.
 template <typename Launch>
 cudaError_t with_weight_type(DType dtype, Launch launch) {

@@ -32,8 +32,7 @@ __global__ void gdn_gates_kernel(float* beta, int64_t beta_stride, float* g, int
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / heads, h = i % heads;
     beta[t * beta_stride + h] = sigmoid(b[t * b_stride + h]);
-    const float decay_rate = -expf(to_float(a_log[h]));
-    g[t * g_stride + h] = decay_rate * softplus(a[t * a_stride + h] + to_float(dt_bias[h]));
+    g[t * g_stride + h] = gdn_log_decay(to_float(a_log[h]), a[t * a_stride + h], to_float(dt_bias[h]));
   }
 }
 
@@ -93,8 +92,7 @@ __global__ void __launch_bounds__(kLinearBlock)
   if (!gate_a) {
     beta[t * beta_stride + h] = sigmoid(sum);
   } else {
-    const float decay_rate = -expf(to_float(a_log[h]));
-    g[t * g_stride + h] = decay_rate * softplus(sum + to_float(dt_bias[h]));
+    g[t * g_stride + h] = gdn_log_decay(to_float(a_log[h]), sum, to_float(dt_bias[h]));
   }
 }
 

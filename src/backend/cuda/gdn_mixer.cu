@@ -3,7 +3,7 @@
 // launch of a few microseconds. One block per (value head h, slab of 32 state columns), as the recurrence's
 // own kernel, so that the state's bytes move through every SM; 10 warps:
 //   1. the causal conv1d + SiLU of h's q and k channels (its key head's) and the slab's v channels, a thread
-//      per channel (conv1d.cu's arithmetic);
+//      per channel (conv_silu_step, as conv1d.cu);
 //   2. the gates: b = x W_b[h]^T and a = x W_a[h]^T (thread i: hidden chunks i, i + 320, ...; per-warp sums,
 //      then the warps' in order), beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias);
 //   3. the recurrence on warps 0-3 with gdn_recurrence.cuh's lane layout and arithmetic, so a verify step's
@@ -157,14 +157,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
       if (t >= T) break;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kHistory; ++j) sum += taps[j] * history[j];
-      sum += taps[kHistory] * inputs[t];
-#pragma unroll
-      for (int j = 0; j + 1 < kHistory; ++j) history[j] = history[j + 1];
-      history[kHistory - 1] = inputs[t];
-      const float y = silu(sum);
+      const float y = conv_silu_step(taps, history, inputs[t]);
       if (tid < d.dk)
         stage_qk[0][t][tid] = y;
       else if (tid < 2 * d.dk)
@@ -229,8 +222,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
       stage_beta[t] = beta;
       if (slab == 0) a.beta[t * a.beta_stride + head] = beta;
     } else {
-      const float decay_rate = -expf(a.a_log.at(0, head));
-      const float g = decay_rate * softplus(sum + a.dt_bias.at(0, head));
+      const float g = gdn_log_decay(a.a_log.at(0, head), sum, a.dt_bias.at(0, head));
       stage_decay[t] = expf(g);
       if (slab == 0) a.g[t * a.g_stride + head] = g;
     }
@@ -303,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
 #pragma unroll
     for (int j = 0; j < kNormColumns; ++j) {
       const int c = lane + kWarpSize * j;
-      if (c < d.dv) y[c] = norm_scale[j] * (__ldcg(y + c) * inverse_rms) * silu(z[n][j]);
+      if (c < d.dv) y[c] = gated_norm(norm_scale[j], __ldcg(y + c), inverse_rms, z[n][j]);
     }
   }
 }
@@ -315,7 +307,7 @@ bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& conv_weig
   const auto& [nk, nv, dk, dv] = shape;
   auto floats = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
   return qkvz.rows >= 1 && qkvz.rows <= kMaxTokens && conv_weight.cols == kKernel &&
-         nv <= kGdnMixerMaxHeads && dk <= gdn::kMaxKeyDim &&
+         nv <= kGdnMixerMaxHeads && dk <= gdn::kMaxKeyDim && dv <= kWarpSize * kNormColumns &&
          gdn::recurrence_fits(state.ptr<const float>(), state.stride, dk, dv) &&
          gdn_gates_linear_supports(x, w.w_b, w.w_a) && floats(conv_weight.dtype) && floats(w.a_log.dtype) &&
          floats(w.dt_bias.dtype) && floats(w.norm_weight.dtype) && w.norm_weight.cols == dv;

@@ -46,7 +46,7 @@ __global__ void rmsnorm_kernel(float* out, int64_t out_stride, float* x, int64_t
   for (int64_t i = threadIdx.x; i < group; i += blockDim.x) {
     const float scale = weight_offset + to_float(weight[i]);
     if constexpr (kGated)
-      y[i] = scale * (in[i] * inverse_rms) * silu(z[t * z_stride + first + i]);
+      y[i] = gated_norm(scale, in[i], inverse_rms, z[t * z_stride + first + i]);
     else
       y[i] = in[i] * inverse_rms * scale;
   }
@@ -116,7 +116,7 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if constexpr (kGated)
-        r[e] = scales[k][e] * (v[e] * inverse_rms) * silu(gate[e]);
+        r[e] = gated_norm(scales[k][e], v[e], inverse_rms, gate[e]);
       else
         r[e] = v[e] * inverse_rms * scales[k][e];
     }
