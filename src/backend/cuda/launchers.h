@@ -157,9 +157,10 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream);
-// gdn_mixer.cu: Backend::gdn_mixer as one kernel for 1..16 tokens (conv kernel 4, dk <= 128, the state as
-// gdn_recurrence.cuh takes it, the gates as gdn_gates_linear_supports takes them, at most kGdnMixerMaxHeads
-// value heads). `tickets` holds 2 * kGdnMixerMaxHeads counters, zero between calls; core is its scratch.
+// gdn_mixer.cu: Backend::gdn_mixer as one kernel for 1..16 tokens (conv kernel 4, dk and dv <= 128, the state
+// as gdn_recurrence.cuh takes it, the gates as gdn_gates_linear_supports takes them, at most
+// kGdnMixerMaxHeads value heads). `tickets` holds 2 * kGdnMixerMaxHeads counters, zero between calls; core is
+// its scratch.
 inline constexpr int kGdnMixerMaxHeads = 256;
 struct GdnMixerOperands {
   Tensor out, conv_out, beta, g, core, qkvz, x, conv_state, state;
