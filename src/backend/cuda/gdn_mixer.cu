@@ -106,9 +106,10 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
       : tid < 2 * d.dk ? nk_dk + static_cast<int64_t>(key_head) * d.dk + (tid - d.dk)
                        : 2 * nk_dk + static_cast<int64_t>(head) * d.dv + slab * kSlab + (tid - 2 * d.dk);
   float taps[kKernel] = {};
-  if (convolves)
+  if (convolves) {
 #pragma unroll
     for (int j = 0; j < kKernel; ++j) taps[j] = a.conv_weight.at(channel, j);
+  }
   const auto* b_weights = reinterpret_cast<const uint4*>(a.w_b + head * a.w_b_stride);
   const auto* a_weights = reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride);
   float wb[kChunk] = {}, wa[kChunk] = {};  // the first chunk's, before the wait
@@ -277,13 +278,13 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     }
   }
   __syncthreads();
-  if (a.update_state && convolves && (tid >= 2 * d.dk || writes_key_conv_state))
+  if (a.update_state && convolves && (tid >= 2 * d.dk || writes_key_conv_state)) {
 #pragma unroll
     for (int j = 0; j < kHistory; ++j) a.conv_state[channel * a.conv_state_stride + j] = history[j];
+  }
   if (!last_slab) return;
 
-    // 4. The gated RMSNorm of the head's row, by the last slab: warp w takes tokens w + kWarps n.
-#pragma unroll
+  // 4. The gated RMSNorm of the head's row, by the last slab: warp w takes tokens w + kWarps n.
   for (int n = 0; n < kNormTokens; ++n) {
     const int t = warp + kWarps * n;
     if (t >= T) break;
