@@ -2,7 +2,6 @@
 
 #include <fmt/ranges.h>
 
-#include <cstdint>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -20,17 +19,6 @@ void require_data(std::string_view op, std::string_view arg, const Tensor& t) {
   if (t.rows < 0 || t.cols < 0) fail("{}: {} has a negative shape [{}, {}]", op, arg, t.rows, t.cols);
   if (t.rows > 1 && t.stride < t.cols)
     fail("{}: {} has row stride {} smaller than its {} columns", op, arg, t.stride, t.cols);
-}
-
-// Whether the F32 views' bytes overlap (empty views overlap nothing).
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
-  const auto end = [](const Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data) +
-           static_cast<uintptr_t>((t.rows - 1) * t.stride + t.cols) * sizeof(float);
-  };
-  return begin(a) < end(b) && begin(b) < end(a);
 }
 
 }  // namespace
@@ -352,11 +340,11 @@ void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tenso
   const std::pair<std::string_view, const Tensor*> inputs[] = {{"qkvz", &qkvz}, {"x", &x}};
   for (size_t i = 0; i < std::size(outputs); ++i) {
     for (size_t j = i + 1; j < std::size(outputs); ++j)
-      if (overlaps(*outputs[i].second, *outputs[j].second))
+      if (outputs[i].second->overlaps(*outputs[j].second))
         fail("{}: {} and {} overlap (each output needs its own memory)", op, outputs[i].first,
              outputs[j].first);
     for (const auto& [name, input] : inputs)
-      if (overlaps(*outputs[i].second, *input))
+      if (outputs[i].second->overlaps(*input))
         fail("{}: {} overlaps the input {} (the outputs need their own memory)", op, outputs[i].first, name);
   }
 }

@@ -35,6 +35,16 @@ struct Tensor {
     return static_cast<T*>(data) + r * stride;
   }
 
+  // Whether the two views share any byte (spanning first row start to last row end; empty views share none).
+  bool overlaps(const Tensor& other) const {
+    if (numel() == 0 || other.numel() == 0) return false;
+    return first_byte() < other.end_byte() && other.first_byte() < end_byte();
+  }
+  uintptr_t first_byte() const { return reinterpret_cast<uintptr_t>(data); }
+  uintptr_t end_byte() const {
+    return first_byte() + static_cast<uintptr_t>((rows - 1) * stride + cols) * dtype_size(dtype);
+  }
+
   Tensor rows_view(int64_t first, int64_t count) const {
     Tensor t = *this;
     t.rows = count;

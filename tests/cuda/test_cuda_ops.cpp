@@ -1349,8 +1349,8 @@ TEST(CudaOps, GdnMixer) {
   for (const Case& c : cases) {
     for (int64_t tokens : {1, 3, 16}) {
       const MixerCase in(rng, c.shape, c.hidden, tokens);
-      ASSERT_TRUE(cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.conv_weight.gpu, in.fresh_state().gpu(),
-                                       in.weights(true), c.shape))
+      ASSERT_TRUE(
+          cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.fresh_state().gpu(), in.weights(true), c.shape))
           << in.label() << ": the fused kernel does not take it";
       const MixerOutputs o(in);
       TensorPair conv_state = in.fresh_conv_state(), state = in.fresh_state();
@@ -1400,8 +1400,7 @@ TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
   for (const Case& c : std::vector<Case>{{{16, 32, 128, 128}, 2560}, {{2, 4, 32, 32}, 128}}) {
     const MixerCase in(rng, c.shape, c.hidden, kTokens);
     const GdnMixerWeights w = in.weights(true);
-    ASSERT_TRUE(cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.conv_weight.gpu, in.fresh_state().gpu(), w,
-                                     c.shape))
+    ASSERT_TRUE(cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.fresh_state().gpu(), w, c.shape))
         << in.label() << ": the fused kernel does not take it";
     auto mixer = [&](const MixerOutputs& o, const TensorPair& conv_state, const TensorPair& state,
                      int64_t first, int64_t count, bool update) {

@@ -91,20 +91,10 @@ __global__ void conv1d_silu_in_place_kernel(float* out, int64_t out_stride, cons
   for (int j = 0; j < kHistory; ++j) state[c * state_stride + j] = history[j];
 }
 
-// Whether the bytes of two F32 views overlap.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
-  const auto end = [](const Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data) +
-           static_cast<uintptr_t>((t.rows - 1) * t.stride + t.cols) * sizeof(float);
-  };
-  return begin(a) < end(b) && begin(b) < end(a);
-}
-
 template <typename W, int kKernel>
 cudaError_t launch_sized(const Tensor& out, const Tensor& x, const Tensor& state, const Tensor& weight,
                          bool update_state, cudaStream_t stream) {
-  if (overlaps(out, x)) {
+  if (out.overlaps(x)) {
     return launch_kernel(conv1d_silu_in_place_kernel<W, kKernel>, grid_for(x.cols, kBlock), kBlock, 0, stream,
                          out.ptr<float>(), out.stride, x.ptr<const float>(), x.stride, state.ptr<float>(),
                          state.stride, weight.ptr<const W>(), weight.stride, x.cols, x.rows, update_state);

@@ -368,7 +368,7 @@ class CudaBackend final : public Backend {
                  const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                  const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape, float eps,
                  bool update_state) override {
-    if (!gdn_mixer_fits(qkvz, x, w.conv_weight, recurrent_state, w, shape)) {
+    if (!gdn_mixer_fits(qkvz, x, recurrent_state, w, shape)) {
       Backend::gdn_mixer(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, eps,
                          update_state);  // checks the arguments itself
       return;

@@ -303,14 +303,14 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
 
 }  // namespace
 
-bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& conv_weight, const Tensor& state,
-                    const GdnMixerWeights& w, const GdnShape& shape) {
+bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, const GdnMixerWeights& w,
+                    const GdnShape& shape) {
   const auto& [nk, nv, dk, dv] = shape;
   auto floats = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
-  return qkvz.rows >= 1 && qkvz.rows <= kMaxTokens && conv_weight.cols == kKernel &&
+  return qkvz.rows >= 1 && qkvz.rows <= kMaxTokens && w.conv_weight.cols == kKernel &&
          nv <= kGdnMixerMaxHeads && dk <= gdn::kMaxKeyDim && dv <= kWarpSize * kNormColumns &&
          gdn::recurrence_fits(state.ptr<const float>(), state.stride, dk, dv) &&
-         gdn_gates_linear_supports(x, w.w_b, w.w_a) && floats(conv_weight.dtype) && floats(w.a_log.dtype) &&
+         gdn_gates_linear_supports(x, w.w_b, w.w_a) && floats(w.conv_weight.dtype) && floats(w.a_log.dtype) &&
          floats(w.dt_bias.dtype) && floats(w.norm_weight.dtype) && w.norm_weight.cols == dv;
 }
 

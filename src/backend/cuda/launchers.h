@@ -165,8 +165,8 @@ inline constexpr int kGdnMixerMaxHeads = 256;
 struct GdnMixerOperands {
   Tensor out, conv_out, beta, g, core, qkvz, x, conv_state, state;
 };
-bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& conv_weight, const Tensor& state,
-                    const GdnMixerWeights& w, const GdnShape& shape);
+bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, const GdnMixerWeights& w,
+                    const GdnShape& shape);
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWeights& w,
                              const GdnShape& shape, float eps, bool update_state, unsigned* tickets,
                              cudaStream_t stream);
