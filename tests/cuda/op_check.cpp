@@ -35,6 +35,14 @@ void expect_close(const std::string& op, const std::string& name, const std::vec
                                << " > tolerance " << tolerance;
 }
 
+double model_tolerance(bool quantized) {
+  return quantized ? 2e-2 : 2e-4;
+}
+
+float greedy_margin(bool quantized) {
+  return quantized ? 1e-2f : 1e-3f;
+}
+
 std::vector<float> random_floats(std::mt19937& rng, size_t count, float low, float high) {
   std::uniform_real_distribution<float> distribution(low, high);
   std::vector<float> values(count);

@@ -28,8 +28,6 @@ namespace fs = std::filesystem;
 
 // fp32 softmax attention, keys summed in another order: as the causal attention op's tolerance.
 constexpr double kWindowedAttentionTolerance = 1e-5;
-// Whole-model comparisons (states after a verify + commit, draft logits): as test_cuda_model's logits.
-constexpr double kModelTolerance = 2e-4;
 
 fs::path fixtures_root() {
   if (const char* dir = std::getenv("QSPEC_FIXTURES_DIR")) return fs::path(dir);
@@ -144,6 +142,7 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
     LoadedModel cpu = LoadedModel::open(dir.string(), "cpu");
     LoadedModel gpu = LoadedModel::open(dir.string(), "cuda");
     const int vocab = cpu.model->config().vocab_size;
+    const double tolerance = model_tolerance(cpu.model->config().quantization.has_value());
     std::mt19937 rng(43);
     std::uniform_int_distribution<int32_t> token(0, vocab - 1);
     auto cpu_state = cpu.model->new_state(600), gpu_state = gpu.model->new_state(600);
@@ -163,7 +162,7 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
         const ForwardOutput cpu_out = cpu.model->forward(*cpu_state, block, verify);
         const std::string label = fmt::format("{} pass {} commit {}", dir.filename().string(), pass, rows);
         expect_close("verify", label + " logits", read_all(*gpu.backend, gpu_out.logits),
-                     read_all(*cpu.backend, cpu_out.logits), kModelTolerance);
+                     read_all(*cpu.backend, cpu_out.logits), tolerance);
         EXPECT_EQ(gdn_states(*gpu.backend, *gpu_state), before)
             << label << ": the verify step wrote the state";
         gpu.model->commit(*gpu_state, rows);
@@ -172,14 +171,14 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
                    cpu_states = gdn_states(*cpu.backend, *cpu_state);
         for (size_t i = 0; i < gpu_states.size(); ++i)
           expect_close("commit", fmt::format("{} state {}", label, i), gpu_states[i], cpu_states[i],
-                       kModelTolerance);
+                       tolerance);
       }
     const int32_t next = token(rng);
     expect_close(
         "commit", dir.filename().string() + " next logits",
         read_all(*gpu.backend, gpu.model->forward(*gpu_state, std::span(&next, 1), ForwardOptions{}).logits),
         read_all(*cpu.backend, cpu.model->forward(*cpu_state, std::span(&next, 1), ForwardOptions{}).logits),
-        kModelTolerance);
+        tolerance);
   }
 }
 
@@ -216,7 +215,7 @@ TEST(CudaDFlash, DrafterMatchesOracle) {
     std::memcpy(first_step.data(), logits.data, step_floats * sizeof(float));
     expect_close("dflash", dir.filename().string() + " step 0 draft logits vs oracle",
                  read_all(*target.backend, drafter.model->draft(*draft_state, tokens[0], window).logits),
-                 first_step, kModelTolerance);
+                 first_step, model_tolerance(target.model->config().quantization.has_value()));
 
     target.model->reset(*state);
     drafter.model->reset(*draft_state);

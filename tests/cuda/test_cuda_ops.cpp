@@ -37,8 +37,11 @@ constexpr double kElementwiseTolerance = 1e-6;
 // Sums in fp32 over up to a few thousand terms in another order: relative differences ~1e-7 * sqrt(n).
 constexpr double kReductionTolerance = 1e-5;
 // Dot products over K up to 9216 in another order (warp-strided partial sums vs 8 interleaved sums; the
-// tensor-core path also splits x into two BF16 parts, leaving ~2^-17 of each value out).
+// tensor-core path with BF16 weights also splits x into two BF16 parts, leaving ~2^-17 of each value out).
 constexpr double kLinearTolerance = 5e-5;
+// The tensor-core path with W4A16 weights rounds x (scaled by a power of two per 128-k chunk) to FP16: up to
+// 2^-12 of each value, errors of random sign (bench/x_precision.py: 2-3e-4 of the largest output).
+constexpr double kFp16LinearTolerance = 1e-3;
 // More than kLinearMmaMaxRows rows of x with BF16 or W4A16 weights: one cuBLAS BF16 product, x and the
 // dequantized weights rounded to BF16 (8 significant bits): ~2^-9 relative per term.
 constexpr double kGemmLinearTolerance = 1e-2;
@@ -211,6 +214,12 @@ TEST(CudaOps, GatedRmsNorm) {
   }
 }
 
+// The tolerance of the path the CUDA backend takes for x and w.
+double linear_tolerance(const Tensor& x, const LinearWeight& w) {
+  if (x.rows > cuda::kLinearMmaMaxRows && cuda::GemmLinear::supports(w)) return kGemmLinearTolerance;
+  return w.quantized() && cuda::linear_mma_supports(x, w) ? kFp16LinearTolerance : kLinearTolerance;
+}
+
 void check_linear(const std::string& label, const LinearWeight& cpu_weight, const LinearWeight& gpu_weight,
                   const std::vector<int>& row_counts, std::mt19937& rng) {
   auto& b = backends();
@@ -219,9 +228,8 @@ void check_linear(const std::string& label, const LinearWeight& cpu_weight, cons
     const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
     TensorPair out = b.poisoned(rows, n);
     on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
-    const bool gemm = rows > cuda::kLinearMmaMaxRows && cuda::GemmLinear::supports(cpu_weight);
     compare("linear", fmt::format("{} M={} N={} K={}", label, rows, n, k), out,
-            gemm ? kGemmLinearTolerance : kLinearTolerance);
+            linear_tolerance(x.gpu(), gpu_weight));
   }
 }
 
@@ -340,6 +348,44 @@ TEST(CudaOps, LinearW4A16) {
     const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
     check_linear(fmt::format("linear W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)), cpu_weight,
                  gpu_weight, c.rows, rng);
+  }
+}
+
+// FP16 x keeps 11 significant bits of every value whatever its range: rows scaled from 2^-60 to 2^60 (FP16
+// alone would give zeros and infinities) with each 128-k chunk a further 2^-8..2^8, on the one-row and the
+// many-row kernels (g32 and g128, K not a multiple of the chunk), each row against the CPU on its own scale.
+TEST(CudaOps, LinearW4A16XOfAnyRange) {
+  std::mt19937 rng(64);
+  auto& b = backends();
+  std::uniform_int_distribution<int> chunk_exponent(-8, 8);
+  for (const int group : {32, 128}) {
+    const int64_t n = 1000, k = 2624;
+    const WeightPair packed = random_packed_int4(rng, n, k);
+    const WeightPair scales =
+        b.weight(DType::BF16, n, k / group, random_floats(rng, n * (k / group), 0.002f, 0.02f));
+    const LinearWeight cpu_weight{n, k, {}, packed.cpu, scales.cpu, group};
+    const LinearWeight gpu_weight{n, k, {}, packed.gpu, scales.gpu, group};
+    for (int rows : {1, 3, 16}) {
+      auto row_exponent = [&](int r) { return rows == 1 ? 60 : -60 + 120 * r / (rows - 1); };
+      std::vector<float> values = random_floats(rng, rows * k, -1.0f, 1.0f);
+      for (int r = 0; r < rows; ++r) {
+        for (int64_t chunk = 0; chunk * 128 < k; ++chunk) {
+          const float scale = std::ldexp(1.0f, row_exponent(r) + chunk_exponent(rng));
+          for (int64_t i = chunk * 128; i < std::min(k, (chunk + 1) * 128); ++i) values[r * k + i] *= scale;
+        }
+      }
+      const TensorPair x = b.activation(rows, k, values);
+      TensorPair out = b.poisoned(rows, n);
+      on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
+      const std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
+      for (int r = 0; r < rows; ++r)
+        expect_close("linear",
+                     fmt::format("linear W4A16 g{} M={} N={} K={} row {} of x scaled by 2^{}", group, rows, n,
+                                 k, r, row_exponent(r)),
+                     std::vector<float>(gpu.begin() + r * n, gpu.begin() + (r + 1) * n),
+                     std::vector<float>(cpu.begin() + r * n, cpu.begin() + (r + 1) * n),
+                     kFp16LinearTolerance);
+    }
   }
 }
 
@@ -571,7 +617,8 @@ TEST(CudaOps, Mlp) {
     three_ops(three.gpu(), 0, kRows);
     for (int64_t r = 0; r < kRows; ++r) three_ops(three_alone.gpu().rows_view(r, 1), r, 1);
     // Two linears in a row: twice the linear's tolerance.
-    compare("mlp", label + " M=16", together, 2 * kLinearTolerance);
+    compare("mlp", label + " M=16", together,
+            2 * std::max(linear_tolerance(x.gpu(), gate_up_gpu), linear_tolerance(act.gpu(), down_gpu)));
     expect_close("mlp", label + " M=16 vs linear, silu_mul, linear", b.read_gpu(together.gpu()),
                  b.read_gpu(three.gpu()), kExact);
     expect_close("mlp", label + " M=1 each vs linear, silu_mul, linear", b.read_gpu(alone.gpu()),

@@ -2,31 +2,32 @@
 // and group_size multiples of 32) and BF16 weights. The weights are read once per call, so a step of 16 rows
 // costs about what a step of one does.
 //
-// mma.sync m16n8k16 (BF16 in, FP32 accumulate, sm_80+): A = 16 output features x 16 k, B = 16 k x 8 rows
-// of x. A warp owns 16 features (a tile); lane (g = lane / 4, q = lane % 4) holds features g and g + 8. K is
-// walked in chunks of 128 (four 32-k blocks, one W4A16 g32 group each). Per block lane q needs packed word q
-// (k = 8q .. 8q + 7): the order of k inside one mma is free as long as A and B agree, so the mma takes nibble
-// pairs (i, i + 4) — one shift + mask + or makes two BF16 values 128 + n, one subtraction gives n - 8
-// exactly — and x in the same pairs. Both mmas of a block lie in one quantization group: the group scale
-// multiplies the block's FP32 sum (exact weights, no rounding of n * scale).
+// mma.sync m16n8k16 (FP16 or BF16 in, FP32 accumulate, sm_80+): A = 16 output features x 16 k, B = 16 k x 8
+// rows of x. A warp owns 16 features (a tile); lane (g = lane / 4, q = lane % 4) holds features g and g + 8.
+// K is walked in chunks of 128 (four 32-k blocks, one W4A16 g32 group each). Per block lane q needs packed
+// word q (k = 8q .. 8q + 7): the order of k inside one mma is free as long as A and B agree, so the mma takes
+// nibble pairs (i, i + 4) — a mask and an or make two FP16 values 1024 + n (or 1024 + 16n), one subtraction
+// (or fma) gives n - 8 exactly — and x in the same pairs. Both mmas of a block lie in one quantization group:
+// the group scale multiplies the block's FP32 sum (exact weights, no rounding of n * scale).
 //
 // Loads: the four lanes of a quad read a feature's 64 bytes of a chunk with one 16-byte load each; the
 // backend keeps the packed words in an order (packed_int4_order.h) where those 16 bytes are word q of every
 // block of the chunk, lane q's A words. BF16 weights are loaded 16 bytes per lane and block and paired with
 // byte permutes.
 //
-// x stays accurate to ~2^-16: each value is split into hi = bf16(x) and lo = bf16(x - hi), and every block
-// is multiplied by both (the products are exact; the sums are FP32): a W4A16 block's row sum is its hi sum
-// plus its lo sum, two mma chains from zero, and the one-row kernel gets both from one chain with hi and lo
-// as two columns of B. A block of 4 warps owns 4 x kTiles tiles
+// The form of x (XForm) follows the weights. W4A16: x * 2^e in FP16, e per row and 128-k chunk putting the
+// chunk's largest |x| in [2^14, 2^15): 11 significant bits per value whatever the range (the FP16 engines'
+// precision, 8x BF16's), one mma chain per block; the chunk's group-scaled sums are multiplied by 2^-e
+// (exact) into the split's sums. BF16 weights need BF16 x: each value is split into hi = bf16(x) and lo =
+// bf16(x - hi) (~2^-16 of it), both multiplied in one chain. A block of 4 warps owns 4 x kTiles tiles
 // (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
-// shared memory, already split and paired, a stage of chunks at a time; the next stage's weights are loaded
-// into registers while this one is computed. No instruction may read a loaded register before its chunk is
-// computed (a copy or a repacking there waits for the load, and the loads in flight go from several to one).
-// When the tiles alone leave the GPU short of warps (2560 output features at K 9216), K is split over blocks
-// in a way that depends on N and K only; the last block of a tile group to finish sums the partials in split
-// order, so results depend neither on timing nor on how many rows share the call (a row's arithmetic is the
-// same at M = 1 and 16).
+// shared memory, already converted and paired, a stage of chunks at a time; the next stage's weights are
+// loaded into registers while this one is computed. No instruction may read a loaded register before its
+// chunk is computed (a copy or a repacking there waits for the load, and the loads in flight go from several
+// to one). When the tiles alone leave the GPU short of warps (2560 output features at K 9216), K is split
+// over blocks in a way that depends on N and K only; the last block of a tile group to finish sums the
+// partials in split order, so results depend neither on timing nor on how many rows share the call (a row's
+// arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -50,16 +51,32 @@ constexpr int kTileRows = 16;  // rows of x per pass (two n8 halves)
 constexpr int kBlockK = 32;    // k per block: one W4A16 group slice
 constexpr int kChunkBlocks = 4;
 constexpr int kChunkK = kChunkBlocks * kBlockK;  // 128: a warp's step along K
-constexpr int kChunkWords = 8;                   // per 8 values of x in the stage: 4 hi pairs + 4 lo pairs
+constexpr int kChunkGroups = kChunkK / 8;        // 8-value groups of x per chunk
 constexpr int64_t kTargetItems = 8 * 132;  // split K until there are about 8 one-tile-per-warp items per SM
 constexpr int64_t kSixteenRowSlots = 3 * 132;  // resident blocks of the many-row kernel at 16 rows
 
-__device__ inline void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// How x enters the mma (the file's comment): FP16 with a power-of-two scale per row and chunk (W4A16), or
+// BF16 hi and lo parts (BF16 weights).
+enum class XForm { Fp16Scaled, Bf16HiLo };
+
+template <XForm kForm>
+constexpr int kXParts = kForm == XForm::Bf16HiLo ? 2 : 1;  // uint4 words of B per lane and block
+template <XForm kForm>
+constexpr int kXWords = 4 * kXParts<kForm>;  // staged 32-bit words per 8 values of x
+
+template <XForm kForm>
+__device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                           uint32_t b1) {
+  if constexpr (kForm == XForm::Fp16Scaled)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Streamed once per call: no L1 allocation; L2 keeps them for the other row passes of the same call.
@@ -87,14 +104,36 @@ __device__ inline float bf16_high(uint32_t pair) {
   return __uint_as_float(pair & 0xFFFF0000u);
 }
 
-// Nibbles i and i + 4 of a packed word as the BF16 pair (n_i - 8, n_{i+4} - 8), exact.
-template <int kPair>
-__device__ inline uint32_t nibble_pair(uint32_t word) {
-  uint32_t biased;  // 128 + n: (word >> 4 kPair) & 0x000F000F | 0x43004300 in one LOP3 (nvcc emits two)
-  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(biased) : "r"(word >> (4 * kPair)));
-  const __nv_bfloat162 value =
-      __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), __floats2bfloat162_rn(136.0f, 136.0f));
-  return *reinterpret_cast<const uint32_t*>(&value);
+// (value & mask) | bias in one LOP3 (nvcc emits two for the expression).
+template <uint32_t kMask, uint32_t kBias>
+__device__ inline uint32_t and_or(uint32_t value) {
+  uint32_t result;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(result) : "r"(value), "n"(kMask), "n"(kBias));
+  return result;
+}
+
+__device__ inline uint32_t half2_bits(__half2 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// A packed word's nibbles as the FP16 pairs (n_i - 8, n_{i+4} - 8), i = 0..3, exact: masked into the
+// mantissa of 1024, the even pairs read 1024 + n (one subtraction leaves n - 8) and the odd ones, masked in
+// place, 1024 + 16n (one fma by 1/16 leaves n - 8), so one shift serves the four pairs (9 instructions).
+__device__ inline void nibble_pairs(uint32_t word, uint32_t (&pair)[4]) {
+  constexpr uint32_t kLow = 0x000F000Fu, kHigh = 0x00F000F0u, kOne024 = 0x64006400u;
+  const uint32_t upper = word >> 8;
+  const __half2 even_bias = __floats2half2_rn(1032.0f, 1032.0f);
+  const __half2 sixteenth = __floats2half2_rn(0.0625f, 0.0625f), odd_bias = __floats2half2_rn(-72.0f, -72.0f);
+  auto even = [&](uint32_t biased) {
+    return half2_bits(__hsub2(*reinterpret_cast<const __half2*>(&biased), even_bias));
+  };
+  auto odd = [&](uint32_t biased) {
+    return half2_bits(__hfma2(*reinterpret_cast<const __half2*>(&biased), sixteenth, odd_bias));
+  };
+  pair[0] = even(and_or<kLow, kOne024>(word));
+  pair[1] = odd(and_or<kHigh, kOne024>(word));
+  pair[2] = even(and_or<kLow, kOne024>(upper));
+  pair[3] = odd(and_or<kHigh, kOne024>(upper));
 }
 
 __device__ inline uint32_t word(const uint4& v, int i) {
@@ -107,23 +146,11 @@ struct BlockFragments {
   uint32_t low[4], high[4];
 };
 
-// Rows of x (halves of 8) times one block's fragments: the hi and lo parts of x, both mmas, into one sum.
-template <int kHalves>
-__device__ inline void multiply_block(float (&sum)[kHalves][4], const BlockFragments& a,
-                                      const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    mma_bf16(sum[h], a.low[0], a.high[0], a.low[1], a.high[1], x_hi[h].x, x_hi[h].y);
-    mma_bf16(sum[h], a.low[2], a.high[2], a.low[3], a.high[3], x_hi[h].z, x_hi[h].w);
-    mma_bf16(sum[h], a.low[0], a.high[0], a.low[1], a.high[1], x_lo[h].x, x_lo[h].y);
-    mma_bf16(sum[h], a.low[2], a.high[2], a.low[3], a.high[3], x_lo[h].z, x_lo[h].w);
-  }
-}
-
 // One block's fragments times 8 columns of B (both mmas of the block, into `sum`).
+template <XForm kForm>
 __device__ inline void multiply_columns(float (&sum)[4], const BlockFragments& a, const uint4& x) {
-  mma_bf16(sum, a.low[0], a.high[0], a.low[1], a.high[1], x.x, x.y);
-  mma_bf16(sum, a.low[2], a.high[2], a.low[3], a.high[3], x.z, x.w);
+  mma<kForm>(sum, a.low[0], a.high[0], a.low[1], a.high[1], x.x, x.y);
+  mma<kForm>(sum, a.low[2], a.high[2], a.low[3], a.high[3], x.z, x.w);
 }
 
 // How a chunk's group scales are loaded, chosen on the host. Each mode is its own kernel: nothing may read a
@@ -247,41 +274,26 @@ struct PackedInt4Weights {
       return __uint_as_float(bits << 16);
   }
 
-  __device__ static BlockFragments fragments(const Loaded& w, int u) {
-    const uint32_t low = word(w.low, u), high = word(w.high, u);
-    return {{nibble_pair<0>(low), nibble_pair<1>(low), nibble_pair<2>(low), nibble_pair<3>(low)},
-            {nibble_pair<0>(high), nibble_pair<1>(high), nibble_pair<2>(high), nibble_pair<3>(high)}};
-  }
+  static constexpr XForm kX = XForm::Fp16Scaled;
 
-  // A block's sum of a row is its hi sum plus its lo sum, each an mma chain from zero; the group scale
-  // multiplies that. The one-row kernel makes both sums with one chain, hi and lo as two columns of B
-  // (accumulate_row), so each has the same value as here.
+  // A block's sum of a row (its two mmas, from zero) times the group scale joins the chunk's sums, which
+  // fold_chunk scales back into the split's.
   template <int kHalves>
-  __device__ static void accumulate(float (&acc)[kHalves][4], const Loaded& w, int u,
-                                    const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
-    const BlockFragments a = fragments(w, u);
+  __device__ static void accumulate(float (&chunk)[kHalves][4], const Loaded& w, int u,
+                                    const uint4 (&x)[1][kHalves]) {
+    BlockFragments a;
+    nibble_pairs(word(w.low, u), a.low);
+    nibble_pairs(word(w.high, u), a.high);
     const float scale_low = scale_of(w.scale_low, u), scale_high = scale_of(w.scale_high, u);
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
-      float hi[4] = {}, lo[4] = {};
-      multiply_columns(hi, a, x_hi[h]);
-      multiply_columns(lo, a, x_lo[h]);
-      acc[h][0] = fmaf(scale_low, hi[0] + lo[0], acc[h][0]);
-      acc[h][1] = fmaf(scale_low, hi[1] + lo[1], acc[h][1]);
-      acc[h][2] = fmaf(scale_high, hi[2] + lo[2], acc[h][2]);
-      acc[h][3] = fmaf(scale_high, hi[3] + lo[3], acc[h][3]);
+      float sum[4] = {};
+      multiply_columns<kX>(sum, a, x[0][h]);
+      chunk[h][0] = fmaf(scale_low, sum[0], chunk[h][0]);
+      chunk[h][1] = fmaf(scale_low, sum[1], chunk[h][1]);
+      chunk[h][2] = fmaf(scale_high, sum[2], chunk[h][2]);
+      chunk[h][3] = fmaf(scale_high, sum[3], chunk[h][3]);
     }
-  }
-
-  // One row of x: `x` is column g of B, the row's hi values in lanes g == 0 and its lo values in lanes g == 1
-  // (zeros elsewhere), so lane q == 0 gets the hi sum in sum[0] / sum[2] and the lo sum in sum[1] / sum[3].
-  static constexpr bool kHiLoColumns = true;
-  __device__ static void accumulate_row(float (&acc)[4], const Loaded& w, int u, const uint4& x) {
-    const BlockFragments a = fragments(w, u);
-    float sum[4] = {};
-    multiply_columns(sum, a, x);
-    acc[0] = fmaf(scale_of(w.scale_low, u), sum[0] + sum[1], acc[0]);
-    acc[2] = fmaf(scale_of(w.scale_high, u), sum[2] + sum[3], acc[2]);
   }
 };
 
@@ -345,17 +357,21 @@ struct Bf16Weights {
     out[3] = __byte_perm(v.y, v.w, 0x7632);
   }
 
+  static constexpr XForm kX = XForm::Bf16HiLo;
+
+  // Rows of x (halves of 8) times one block: the hi and lo parts of x, both mmas, into one chain.
   template <int kHalves>
   __device__ static void accumulate(float (&acc)[kHalves][4], const Loaded& w, int u,
-                                    const uint4 (&x_hi)[kHalves], const uint4 (&x_lo)[kHalves]) {
+                                    const uint4 (&x)[2][kHalves]) {
     BlockFragments a;
     pairs(w.low[u], a.low);
     pairs(w.high[u], a.high);
-    multiply_block<kHalves>(acc, a, x_hi, x_lo);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      multiply_columns<kX>(acc[h], a, x[0][h]);
+      multiply_columns<kX>(acc[h], a, x[1][h]);
+    }
   }
-
-  // The one-row kernel uses accumulate, with x's hi and lo parts in lanes g == 0.
-  static constexpr bool kHiLoColumns = false;
 };
 
 struct MmaArgs {
@@ -399,17 +415,40 @@ __device__ inline void load8(float (&v)[8], const float* p) {
   }
 }
 
-// Stages `groups` x 8 values of x rows [0, rows_here) from k0 as (hi, lo) BF16 pairs (i, i + 4) per 8 values,
-// row r at word r * row_words; zeros past in_features. With `up` (rows at x's stride), x is the gated MLP's
-// activation silu(x) * up, made here as the silu_mul op makes it.
-template <bool kAlignedX>
-__device__ void stage_x(uint32_t* x_stage, const float* x, const float* up, int64_t x_stride,
-                        int64_t in_features, int rows_here, int64_t k0, int groups, int row_words) {
-  for (int i = static_cast<int>(threadIdx.x); i < rows_here * groups; i += kThreads) {
+// The power of two taking a chunk's largest |x| into [2^14, 2^15), and its inverse; the exponent is clamped
+// so that both stay normal floats (an infinite x stays infinite).
+struct ChunkScale {
+  float scale, inverse;
+};
+
+__device__ inline ChunkScale chunk_scale(float largest) {
+  const int exponent = min(max(__float_as_int(largest) >> 23, 15), 254);
+  return {__int_as_float((268 - exponent) << 23), __int_as_float((exponent - 14) << 23)};
+}
+
+// Where x is staged: row r's words from r * row_words, kXWords per 8 values in pairs (i, i + 4), and for
+// FP16 x the inverse scale of row r's chunk c at scales[r * chunks + c].
+struct XStage {
+  uint32_t* values;
+  float* scales;
+  int row_words, chunks;
+};
+
+// Stages `chunks` chunks of x rows [0, rows) from k0, in the form kForm: rows from rows_with_data on, and
+// values past in_features, are zeros. With `up` (rows at x's stride), x is the gated MLP's activation
+// silu(x) * up, made here as the silu_mul op makes it.
+template <XForm kForm, bool kAlignedX>
+__device__ void stage_x(const XStage& to, const float* x, const float* up, int64_t x_stride,
+                        int64_t in_features, int rows, int rows_with_data, int64_t k0) {
+  const int groups = to.chunks * kChunkGroups, count = rows * groups;
+  // Every thread takes every pass: the 16 lanes of a chunk (aligned, as groups and kThreads are multiples
+  // of 16) find its largest value by shuffles.
+  for (int base = 0; base < count; base += kThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
     const int r = i / groups, c = i % groups;
     const int64_t k = k0 + 8 * c;
-    float v[8];
-    if (k < in_features) {
+    float v[8] = {};
+    if (i < count && r < rows_with_data && k < in_features) {
       load8<kAlignedX>(v, x + r * x_stride + k);
       if (up != nullptr) {
         float u[8];
@@ -417,20 +456,46 @@ __device__ void stage_x(uint32_t* x_stage, const float* x, const float* up, int6
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = silu_mul(v[j], u[j]);
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = 0.0f;
     }
-    uint32_t* chunk = x_stage + r * row_words + c * kChunkWords;
-    uint32_t hi[4], lo[4];
+    uint32_t* words = to.values + r * to.row_words + c * kXWords<kForm>;
+    if constexpr (kForm == XForm::Fp16Scaled) {
+      float largest = 0.0f;
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      hi[p] = bf16_pair(v[p], v[p + 4]);
-      lo[p] = bf16_pair(v[p] - bf16_low(hi[p]), v[p + 4] - bf16_high(hi[p]));
+      for (int j = 0; j < 8; ++j) largest = fmaxf(largest, fabsf(v[j]));
+#pragma unroll
+      for (int lanes = 1; lanes < kChunkGroups; lanes *= 2)
+        largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, lanes));
+      const ChunkScale s = chunk_scale(largest);
+      uint32_t pairs[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p)
+        pairs[p] = half2_bits(__floats2half2_rn(v[p] * s.scale, v[p + 4] * s.scale));
+      if (i < count) {
+        reinterpret_cast<uint4*>(words)[0] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        if (c % kChunkGroups == 0) to.scales[r * to.chunks + c / kChunkGroups] = s.inverse;
+      }
+    } else if (i < count) {
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        hi[p] = bf16_pair(v[p], v[p + 4]);
+        lo[p] = bf16_pair(v[p] - bf16_low(hi[p]), v[p + 4] - bf16_high(hi[p]));
+      }
+      reinterpret_cast<uint4*>(words)[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      reinterpret_cast<uint4*>(words)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
-    reinterpret_cast<uint4*>(chunk)[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    reinterpret_cast<uint4*>(chunk)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
+}
+
+// FP16 x: a chunk's sums, times each row's inverse chunk scale (a power of two: exact), join the split's
+// sums. `inverse[h]` holds the scales of rows 8h + 2q and 8h + 2q + 1.
+template <int kHalves>
+__device__ inline void fold_chunk(float (&acc)[kHalves][4], const float (&chunk)[kHalves][4],
+                                  const float (&inverse)[kHalves][2]) {
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(inverse[h][i % 2], chunk[h][i], acc[h][i]);
 }
 
 // Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2); with K
@@ -485,11 +550,17 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   constexpr int kTiles = Weights::tiles_per_warp(kHalves);
   constexpr int kStageChunks = Weights::stage_chunks(kTiles);
   constexpr int kStageK = kStageChunks * kChunkK;
-  constexpr int kRowWords = kStageK + 4;  // one word per value; + 16 bytes: rows g and g + 1 use other banks
+  constexpr XForm kForm = Weights::kX;
+  constexpr bool kScaled = kForm == XForm::Fp16Scaled;
+  constexpr int kRows = kHalves * 8;
+  // + 16 bytes (BF16 hi/lo: 8 words per 8 values) or 64 (FP16: 4 words): the 16-byte loads of rows g and
+  // g + 1 fall on other banks.
+  constexpr int kRowWords = kStageK * kXWords<kForm> / 8 + (kScaled ? 16 : 4);
   constexpr int kGroupFeatures = kWarps * kTiles * kTileFeatures;
-  __shared__ uint4 x_stage_storage[kHalves * 8 * kRowWords / 4];
+  __shared__ uint4 x_stage_storage[kRows * kRowWords / 4];
+  __shared__ float x_scales[kScaled ? kRows * kStageChunks : 1];
   __shared__ bool last_block;
-  uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_stage_storage);
+  const XStage x_stage{reinterpret_cast<uint32_t*>(x_stage_storage), x_scales, kRowWords, kStageChunks};
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
@@ -542,30 +613,35 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
     const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
     const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
     __syncthreads();  // the previous stage's x is consumed
-    stage_x<kAlignedX>(x_stage, a.x + first_row * a.x_stride, nullptr, a.x_stride, a.in_features, rows_here,
-                       stage * kChunkK, kStageK / 8, kRowWords);
+    stage_x<kForm, kAlignedX>(x_stage, a.x + first_row * a.x_stride, nullptr, a.x_stride, a.in_features,
+                              kRows, rows_here, stage * kChunkK);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
       if (stage + c >= item.end_chunk) break;
+      float chunk_sums[kTiles][kHalves][4] = {};  // FP16 x: the chunk's sums, before its scale
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
-        uint4 x_hi[kHalves], x_lo[kHalves];
+        uint4 x[kXParts<kForm>][kHalves];
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
-          const int r = h * 8 + g;
-          if (r < rows_here) {
-            const uint4* chunk = reinterpret_cast<const uint4*>(
-                x_stage + r * kRowWords + ((c * kChunkBlocks + u) * 4 + q) * kChunkWords);
-            x_hi[h] = chunk[0];
-            x_lo[h] = chunk[1];
-          } else {
-            x_hi[h] = x_lo[h] = make_uint4(0, 0, 0, 0);
-          }
+          const uint4* words = reinterpret_cast<const uint4*>(
+              x_stage.values + (h * 8 + g) * kRowWords + ((c * kChunkBlocks + u) * 4 + q) * kXWords<kForm>);
+#pragma unroll
+          for (int part = 0; part < kXParts<kForm>; ++part) x[part][h] = words[part];
         }
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
-          Weights::template accumulate<kHalves>(acc[t], current[c][t], u, x_hi, x_lo);
+          Weights::template accumulate<kHalves>(kScaled ? chunk_sums[t] : acc[t], current[c][t], u, x);
+      }
+      if constexpr (kScaled) {
+        float inverse[kHalves][2];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) inverse[h][i] = x_scales[(h * 8 + 2 * q + i) * kStageChunks + c];
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) fold_chunk<kHalves>(acc[t], chunk_sums[t], inverse);
       }
     }
 
@@ -659,7 +735,6 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     linear_row_kernel(RowArgs a, Weights weights) {
   constexpr int kDepth = Weights::kRowRingDepth;
   extern __shared__ uint4 x_row_storage[];
-  const uint32_t* x_row = reinterpret_cast<const uint32_t*>(x_row_storage);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
@@ -693,14 +768,19 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   wait_for_previous_kernel();
   allow_next_kernel();
   // Only the chunks of x that this block's units read (its parts' slice of K).
-  uint32_t* x_stage = reinterpret_cast<uint32_t*>(x_row_storage);
+  constexpr XForm kForm = Weights::kX;
+  constexpr bool kScaled = kForm == XForm::Fp16Scaled;
   const RowStage stage = row_stage(a, block_first, block_end);
-  const int x_groups = (stage.end_chunk - stage.first_chunk) * kChunkK / 8;
+  const int staged_chunks = stage.end_chunk - stage.first_chunk;
+  const XStage x_stage{
+      reinterpret_cast<uint32_t*>(x_row_storage),
+      reinterpret_cast<float*>(x_row_storage) + staged_chunks * kChunkGroups * kXWords<kForm>, 0,
+      staged_chunks};
   const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
   if (a.x_aligned)
-    stage_x<true>(x_stage, a.x, a.up, 0, a.in_features, 1, k0, x_groups, 0);
+    stage_x<kForm, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   else
-    stage_x<false>(x_stage, a.x, a.up, 0, a.in_features, 1, k0, x_groups, 0);
+    stage_x<kForm, false>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   __syncthreads();
 
   const int64_t n = a.out_features;
@@ -744,27 +824,27 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     }
   };
 
-  // Row 0 of x in the B fragments: hi and lo in lanes g == 0 (kHiLoColumns: hi in lanes g == 0, lo in lanes
-  // g == 1); the other lanes multiply zeros.
-  uint4 x_hi[1] = {}, x_lo[1] = {}, x_column = {};
+  // Row 0 of x is column 0 of B, in lanes g == 0; the other lanes multiply zeros.
+  uint4 x[kXParts<kForm>][1] = {};
   while (!computing.done()) {
 #pragma unroll
     for (int j = 0; j < kDepth; ++j) {
       if (computing.done()) break;
+      const int staged_chunk = computing.chunk - stage.first_chunk;
+      float chunk_sums[1][4] = {};  // FP16 x: the chunk's sums, before its scale
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
-        const uint4* block = reinterpret_cast<const uint4*>(
-            x_row + (((computing.chunk - stage.first_chunk) * kChunkBlocks + u) * 4 + q) * kChunkWords);
-        if constexpr (Weights::kHiLoColumns) {
-          if (g < 2) x_column = block[g];
-          Weights::accumulate_row(acc[0], ring[j], u, x_column);
-        } else {
-          if (g == 0) {
-            x_hi[0] = block[0];
-            x_lo[0] = block[1];
-          }
-          Weights::template accumulate<1>(acc, ring[j], u, x_hi, x_lo);
+        const uint4* words = reinterpret_cast<const uint4*>(
+            x_stage.values + ((staged_chunk * kChunkBlocks + u) * 4 + q) * kXWords<kForm>);
+        if (g == 0) {
+#pragma unroll
+          for (int part = 0; part < kXParts<kForm>; ++part) x[part][0] = words[part];
         }
+        Weights::template accumulate<1>(kScaled ? chunk_sums : acc, ring[j], u, x);
+      }
+      if constexpr (kScaled) {
+        const float inverse = x_stage.scales[staged_chunk];
+        fold_chunk<1>(acc, chunk_sums, {{inverse, inverse}});
       }
       load_next(ring[j]);
       if (computing.chunk + 1 == computing.split_end) finish_split();
@@ -842,12 +922,19 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
   return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
 }
 
-constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in: K <= 12288
+constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
 
-// The one-row kernel's shared memory if a block staged the whole of x; a block stages its parts' slice
-// (launch_row sizes that), never more, so this bounds it.
+// The one-row kernel's shared memory for `chunks` chunks of x in the form kForm (values, then FP16's scales).
+template <XForm kForm>
+int64_t x_stage_bytes(int64_t chunks) {
+  const int64_t scale_bytes = kForm == XForm::Fp16Scaled ? sizeof(float) : 0;
+  return chunks * (kChunkGroups * kXWords<kForm> * static_cast<int64_t>(sizeof(uint32_t)) + scale_bytes);
+}
+
+// The most a block stages (the whole of x, in the larger form): K <= 12288. A block stages its parts' slice
+// (launch_row sizes that), never more.
 int64_t whole_x_stage_bytes(int64_t in_features) {
-  return (in_features + kChunkK - 1) / kChunkK * kChunkK * static_cast<int64_t>(sizeof(uint32_t));
+  return x_stage_bytes<XForm::Bf16HiLo>((in_features + kChunkK - 1) / kChunkK);
 }
 
 // Whether the one-row kernel takes a call of `rows` rows of x (else the many-row kernel does).
@@ -899,7 +986,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   // A block's units span at most this many parts (whatever its first unit), so many chunks of x.
   const int64_t spanned = std::min(parts, (block_units - 1) / tiles + 2);
   const int64_t staged_chunks = std::min(split.chunks, spanned * chunks_per_part);
-  const auto shared = static_cast<size_t>(staged_chunks * kChunkK * static_cast<int64_t>(sizeof(uint32_t)));
+  const auto shared = static_cast<size_t>(x_stage_bytes<Weights::kX>(staged_chunks));
   if (weights.whole_chunk_loads(in_features))
     return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
   return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args, weights);
