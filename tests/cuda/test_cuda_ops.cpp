@@ -361,8 +361,8 @@ TEST(CudaOps, LinearW4A16XOfAnyRange) {
   for (const int group : {32, 128}) {
     const int64_t n = 1000, k = 2624;
     const WeightPair packed = random_packed_int4(rng, n, k);
-    const WeightPair scales =
-        b.weight(DType::BF16, n, k / group, random_floats(rng, n * (k / group), 0.002f, 0.02f));
+    const int64_t groups = (k + group - 1) / group;
+    const WeightPair scales = b.weight(DType::BF16, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f));
     const LinearWeight cpu_weight{n, k, {}, packed.cpu, scales.cpu, group};
     const LinearWeight gpu_weight{n, k, {}, packed.gpu, scales.gpu, group};
     for (int rows : {1, 3, 16}) {
