@@ -498,6 +498,30 @@ __device__ inline void fold_chunk(float (&acc)[kHalves][4], const float (&chunk)
     for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(inverse[h][i % 2], chunk[h][i], acc[h][i]);
 }
 
+// Sums of split partials in split order from zero (the rule that makes a row's result independent of the
+// call): element i's split s is at partials[s * split_stride + offset[i]]. The loads of 4 splits of every
+// element are issued together: one element at a time waited for each split's load in turn.
+template <int kCount>
+__device__ inline void sum_splits(const float* partials, int64_t split_stride, int splits,
+                                  const int64_t (&offset)[kCount], float (&sum)[kCount]) {
+  constexpr int kSplitsInFlight = 4;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) sum[i] = 0.0f;
+  for (int first = 0; first < splits; first += kSplitsInFlight) {
+    float part[kSplitsInFlight][kCount];
+#pragma unroll
+    for (int j = 0; j < kSplitsInFlight; ++j)
+#pragma unroll
+      for (int i = 0; i < kCount; ++i)
+        part[j][i] = first + j < splits ? __ldcg(partials + (first + j) * split_stride + offset[i]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSplitsInFlight; ++j)
+#pragma unroll
+      for (int i = 0; i < kCount; ++i)
+        if (first + j < splits) sum[i] += part[j][i];
+  }
+}
+
 // Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2); with K
 // split, the last block of the tile group to finish adds the splits' partials in split order.
 template <int kTiles, int kHalves, int kGroupFeatures>
@@ -529,15 +553,28 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
   }
   __syncthreads();  // the last block reads the partials after thread 0's ticket acquired them
   if (!*last_block) return;
-  for (int e = static_cast<int>(threadIdx.x); e < kGroupFeatures * rows_here; e += kThreads) {
-    const int64_t feature = item.group * kGroupFeatures + e % kGroupFeatures;
-    const int64_t row = first_row + e / kGroupFeatures;
-    if (feature < a.out_features) {
-      float total = 0.0f;
-      for (int s = 0; s < a.splits; ++s)
-        total += __ldcg(a.partials + (static_cast<int64_t>(s) * a.rows + row) * a.out_features + feature);
-      a.out[row * a.out_stride + feature] = total;
+  // kBatch elements per thread at a time (elements past the group's rows or features read element 0).
+  constexpr int kBatch = 4;
+  const int elements = kGroupFeatures * rows_here;
+  for (int first = static_cast<int>(threadIdx.x); first < elements; first += kBatch * kThreads) {
+    int64_t offset[kBatch];
+    bool valid[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = first + b * kThreads;
+      const int64_t feature = item.group * kGroupFeatures + e % kGroupFeatures;
+      valid[b] = e < elements && feature < a.out_features;
+      offset[b] = valid[b] ? (first_row + e / kGroupFeatures) * a.out_features + feature : 0;
     }
+    float total[kBatch];
+    sum_splits<kBatch>(a.partials, a.rows * a.out_features, a.splits, offset, total);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      if (valid[b]) {
+        const int e = first + b * kThreads;
+        a.out[(first_row + e / kGroupFeatures) * a.out_stride + item.group * kGroupFeatures +
+              e % kGroupFeatures] = total[b];
+      }
   }
 }
 
@@ -818,9 +855,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     if (lane == 0) a.counters[computing.tile] = 0;  // ready for the next call
     const int64_t summed = static_cast<int64_t>(computing.tile) * kTileFeatures + lane;
     if (lane < kTileFeatures && summed < n) {
-      float sum = 0.0f;
-      for (int64_t s = 0; s < a.splits; ++s) sum += __ldcg(a.partials + s * n + summed);
-      a.out[summed] = sum;
+      float sum[1];
+      sum_splits<1>(a.partials, n, a.splits, {summed}, sum);
+      a.out[summed] = sum[0];
     }
   };
 
