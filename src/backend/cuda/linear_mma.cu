@@ -19,15 +19,14 @@
 // chunk's largest |x| in [2^14, 2^15): 11 significant bits per value whatever the range (the FP16 engines'
 // precision, 8x BF16's), one mma chain per block; the chunk's group-scaled sums are multiplied by 2^-e
 // (exact) into the split's sums. BF16 weights need BF16 x: each value is split into hi = bf16(x) and lo =
-// bf16(x - hi) (~2^-16 of it), both multiplied in one chain. A block of 4 warps owns 4 x kTiles tiles
-// (one or two per warp: at 16 rows a warp's x fragments serve two tiles) and stages x for all of them in
-// shared memory, already converted and paired, a stage of chunks at a time; the next stage's weights are
-// loaded into registers while this one is computed. No instruction may read a loaded register before its
-// chunk is computed (a copy or a repacking there waits for the load, and the loads in flight go from several
-// to one). When the tiles alone leave the GPU short of warps (2560 output features at K 9216), K is split
-// over blocks in a way that depends on N and K only; the last block of a tile group to finish sums the
-// partials in split order, so results depend neither on timing nor on how many rows share the call (a row's
-// arithmetic is the same at M = 1 and 16).
+// bf16(x - hi) (~2^-16 of it), both multiplied in one chain. A block of 4 warps owns 4 tiles (one per warp)
+// and stages x for all of them in shared memory, already converted and paired, a stage of chunks at a time;
+// the next stage's weights are loaded into registers while this one is computed. No instruction may read a
+// loaded register before its chunk is computed (a copy or a repacking there waits for the load, and the loads
+// in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output features
+// at K 9216), K is split over blocks in a way that depends on N and K only; the last block of a tile group to
+// finish sums the partials in split order, so results depend neither on timing nor on how many rows share the
+// call (a row's arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -53,7 +52,12 @@ constexpr int kChunkBlocks = 4;
 constexpr int kChunkK = kChunkBlocks * kBlockK;  // 128: a warp's step along K
 constexpr int kChunkGroups = kChunkK / 8;        // 8-value groups of x per chunk
 constexpr int64_t kTargetItems = 8 * 132;  // split K until there are about 8 one-tile-per-warp items per SM
-constexpr int64_t kSixteenRowSlots = 3 * 132;  // resident blocks of the many-row kernel at 16 rows
+constexpr int kGroupFeatures =
+    kWarps * kTileFeatures;  // a block's features in the many-row kernel: a tile per warp
+// Resident blocks of the many-row kernel (its launch bounds). Two tiles per warp, sharing the x fragments,
+// left 3 (verify 4.57 -> 4.38 ms, draft 1.17 -> 1.14 with one; bench/results/cuda-ops-notes.md).
+constexpr int kMmaBlocksPerMultiprocessor = 4;
+constexpr int64_t kSixteenRowSlots = kMmaBlocksPerMultiprocessor * 132;  // resident at 16 rows on the H200
 
 // How x enters the mma (the file's comment): FP16 with a power-of-two scale per row and chunk (W4A16), or
 // BF16 hi and lo parts (BF16 weights).
@@ -173,9 +177,7 @@ struct PackedInt4Weights {
   uint32_t blocks_per_group;  // group_size / 32
   int64_t blocks;             // in_features / 32
 
-  __host__ __device__ static constexpr int tiles_per_warp(int halves) { return halves; }
-  __host__ __device__ static constexpr int min_blocks(int halves) { return halves == 1 ? 4 : 3; }
-  __host__ __device__ static constexpr int stage_chunks(int tiles) { return 2 / tiles; }
+  __host__ __device__ static constexpr int stage_chunks(int halves) { return halves == 1 ? 2 : 1; }
   static constexpr int kRowRingDepth =
       4;  // chunks in flight per warp in the one-row kernel (12 registers each)
   static constexpr int kScaleWords = kScales == ScaleLoad::Vector     ? 2
@@ -303,8 +305,6 @@ struct Bf16Weights {
   int64_t vector_stride;
   int64_t blocks;
 
-  __host__ __device__ static constexpr int tiles_per_warp(int) { return 1; }
-  __host__ __device__ static constexpr int min_blocks(int) { return 4; }
   __host__ __device__ static constexpr int stage_chunks(int) { return 1; }
   static constexpr int kRowRingDepth = 2;  // 32 registers each
 
@@ -522,27 +522,25 @@ __device__ inline void sum_splits(const float* partials, int64_t split_stride, i
   }
 }
 
-// Writes an item's sums (acc[t][h][i]: feature first_feature[t] + g + 8 (i / 2), row 8h + 2q + i % 2); with K
+// Writes an item's sums (acc[h][i]: feature first_feature + g + 8 (i / 2), row 8h + 2q + i % 2); with K
 // split, the last block of the tile group to finish adds the splits' partials in split order.
-template <int kTiles, int kHalves, int kGroupFeatures>
-__device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (&acc)[kTiles][kHalves][4],
-                            const int64_t (&first_feature)[kTiles], int g, int q, bool* last_block) {
+template <int kHalves>
+__device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (&acc)[kHalves][4],
+                            int64_t first_feature, int g, int q, bool* last_block) {
   const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
   const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
   const bool split_k = a.splits > 1;
   float* target = split_k ? a.partials + static_cast<int64_t>(item.split) * a.rows * a.out_features : a.out;
   const int64_t target_stride = split_k ? a.out_features : a.out_stride;
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t)
+  for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t feature = first_feature[t] + g + 8 * (i / 2);
-        const int r = 8 * h + 2 * q + i % 2;
-        if (feature < a.out_features && r < rows_here)
-          target[(first_row + r) * target_stride + feature] = acc[t][h][i];
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int64_t feature = first_feature + g + 8 * (i / 2);
+      const int r = 8 * h + 2 * q + i % 2;
+      if (feature < a.out_features && r < rows_here)
+        target[(first_row + r) * target_stride + feature] = acc[h][i];
+    }
   if (!split_k) return;
 
   __syncthreads();  // the block's partials are stored before thread 0's ticket releases them
@@ -582,10 +580,9 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
 // one stream of stages: the next stage's weights (of this item or the next) are loaded while this one is
 // computed.
 template <typename Weights, int kHalves, bool kAlignedX>
-__global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
+__global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     linear_mma_kernel(MmaArgs a, Weights weights) {
-  constexpr int kTiles = Weights::tiles_per_warp(kHalves);
-  constexpr int kStageChunks = Weights::stage_chunks(kTiles);
+  constexpr int kStageChunks = Weights::stage_chunks(kHalves);
   constexpr int kStageK = kStageChunks * kChunkK;
   constexpr XForm kForm = Weights::kX;
   constexpr bool kScaled = kForm == XForm::Fp16Scaled;
@@ -593,7 +590,6 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   // + 16 bytes (BF16 hi/lo: 8 words per 8 values) or 64 (FP16: 4 words): the 16-byte loads of rows g and
   // g + 1 fall on other banks.
   constexpr int kRowWords = kStageK * kXWords<kForm> / 8 + (kScaled ? 16 : 4);
-  constexpr int kGroupFeatures = kWarps * kTiles * kTileFeatures;
   __shared__ uint4 x_stage_storage[kRows * kRowWords / 4];
   __shared__ float x_scales[kScaled ? kRows * kStageChunks : 1];
   __shared__ bool last_block;
@@ -605,22 +601,14 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   using Loaded = typename Weights::Loaded;
   using Rows = typename Weights::Rows;
   // Features past the end read the last one; their sums are not written.
-  auto first_feature_of = [&](int64_t group, int t) {
-    return group * kGroupFeatures + (warp * kTiles + t) * kTileFeatures;
-  };
-  auto rows_of = [&](int64_t group, int t) {
-    const int64_t first = first_feature_of(group, t);
-    return weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
-  };
-  auto load_stage = [&](int64_t group, int64_t stage, int64_t end_chunk,
-                        Loaded(&into)[kStageChunks][kTiles]) {
+  auto first_feature_of = [&](int64_t group) { return (group * kWarps + warp) * kTileFeatures; };
+  auto load_stage = [&](int64_t group, int64_t stage, int64_t end_chunk, Loaded(&into)[kStageChunks]) {
+    const int64_t first = first_feature_of(group);
+    const Rows rows =
+        weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const Rows rows = rows_of(group, t);
-#pragma unroll
-      for (int c = 0; c < kStageChunks; ++c)
-        if (stage + c < end_chunk) into[c][t] = weights.load(rows, stage + c, q);
-    }
+    for (int c = 0; c < kStageChunks; ++c)
+      if (stage + c < end_chunk) into[c] = weights.load(rows, stage + c, q);
   };
 
   int64_t item_index = blockIdx.x;
@@ -628,13 +616,13 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
   int64_t stage = item.first_chunk;
   // Two stages of weights in turn (ping-pong, no copies: a register copy of a stage would wait for its
   // loads).
-  Loaded even[kStageChunks][kTiles] = {}, odd[kStageChunks][kTiles] = {};
+  Loaded even[kStageChunks] = {}, odd[kStageChunks] = {};
   load_stage(item.group, stage, item.end_chunk, even);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
   allow_next_kernel();
-  float acc[kTiles][kHalves][4] = {};
+  float acc[kHalves][4] = {};
   // Loads the next stage into `next`, computes `current`; false when this block has no next stage.
-  auto step = [&](Loaded(&current)[kStageChunks][kTiles], Loaded(&next)[kStageChunks][kTiles]) {
+  auto step = [&](Loaded(&current)[kStageChunks], Loaded(&next)[kStageChunks]) {
     int64_t next_index = item_index, next_stage = stage + kStageChunks;
     MmaItem next_item = item;
     if (next_stage >= item.end_chunk) {
@@ -656,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
       if (stage + c >= item.end_chunk) break;
-      float chunk_sums[kTiles][kHalves][4] = {};  // FP16 x: the chunk's sums, before its scale
+      float chunk_sums[kHalves][4] = {};  // FP16 x: the chunk's sums, before its scale
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u) {
         uint4 x[kXParts<kForm>][kHalves];
@@ -667,9 +655,7 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
 #pragma unroll
           for (int part = 0; part < kXParts<kForm>; ++part) x[part][h] = words[part];
         }
-#pragma unroll
-        for (int t = 0; t < kTiles; ++t)
-          Weights::template accumulate<kHalves>(kScaled ? chunk_sums[t] : acc[t], current[c][t], u, x);
+        Weights::template accumulate<kHalves>(kScaled ? chunk_sums : acc, current[c], u, x);
       }
       if constexpr (kScaled) {
         float inverse[kHalves][2];
@@ -677,22 +663,16 @@ __global__ void __launch_bounds__(kThreads, Weights::min_blocks(kHalves))
         for (int h = 0; h < kHalves; ++h)
 #pragma unroll
           for (int i = 0; i < 2; ++i) inverse[h][i] = x_scales[(h * 8 + 2 * q + i) * kStageChunks + c];
-#pragma unroll
-        for (int t = 0; t < kTiles; ++t) fold_chunk<kHalves>(acc[t], chunk_sums[t], inverse);
+        fold_chunk<kHalves>(acc, chunk_sums, inverse);
       }
     }
 
     if (next_index != item_index) {
-      int64_t first_feature[kTiles];
+      finish_item<kHalves>(a, item, acc, first_feature_of(item.group), g, q, &last_block);
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) first_feature[t] = first_feature_of(item.group, t);
-      finish_item<kTiles, kHalves, kGroupFeatures>(a, item, acc, first_feature, g, q, &last_block);
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) acc[h][i] = 0.0f;
     }
     item_index = next_index;
     item = next_item;
@@ -900,7 +880,7 @@ MmaSplit mma_split(int64_t out_features, int64_t in_features, int64_t chunks_per
   MmaSplit split;
   split.chunks = (in_features + kChunkK - 1) / kChunkK;
   if (chunks_per_split <= 0) {
-    const int64_t groups = (out_features + kWarps * kTileFeatures - 1) / (kWarps * kTileFeatures);
+    const int64_t groups = (out_features + kGroupFeatures - 1) / kGroupFeatures;
     const int64_t wanted = (kTargetItems + groups - 1) / groups;
     chunks_per_split = (split.chunks + wanted - 1) / wanted;
     // One chunk more per split when that saves a whole wave of the 16-row kernel (verify and draft steps):
@@ -937,7 +917,6 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                        const Weights& weights, const LinearMmaWorkspace& workspace,
                        const LinearMmaTuning& tuning, cudaStream_t stream) {
   const MmaSplit split = mma_split(out_features, in_features, tuning.chunks_per_split);
-  constexpr int64_t kGroupFeatures = kWarps * Weights::tiles_per_warp(kHalves) * kTileFeatures;
   const int64_t groups = (out_features + kGroupFeatures - 1) / kGroupFeatures;
   const int64_t passes = row_passes(x.rows);
   const MmaArgs args{out.ptr<float>(),
