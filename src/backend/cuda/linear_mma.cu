@@ -52,12 +52,16 @@ constexpr int kChunkBlocks = 4;
 constexpr int kChunkK = kChunkBlocks * kBlockK;  // 128: a warp's step along K
 constexpr int kChunkGroups = kChunkK / 8;        // 8-value groups of x per chunk
 constexpr int64_t kTargetItems = 8 * 132;  // split K until there are about 8 one-tile-per-warp items per SM
-constexpr int kGroupFeatures =
-    kWarps * kTileFeatures;  // a block's features in the many-row kernel: a tile per warp
-// Resident blocks of the many-row kernel (its launch bounds). Two tiles per warp, sharing the x fragments,
-// left 3 (verify 4.57 -> 4.38 ms, draft 1.17 -> 1.14 with one; bench/results/cuda-ops-notes.md).
+// The many-row kernel: a block's features (a tile per warp), its resident blocks per SM (launch bounds) and
+// the chunks of x it stages at a time. Two tiles per warp sharing the x fragments, with stages of 2 chunks at
+// up to 8 rows, left 3 blocks per SM: verify 4.57 -> 4.36 ms and draft 1.15 -> 1.12 with these (A/B of
+// session 8, bench/results/cuda-ops-notes.md).
+constexpr int kGroupFeatures = kWarps * kTileFeatures;
 constexpr int kMmaBlocksPerMultiprocessor = 4;
-constexpr int64_t kSixteenRowSlots = kMmaBlocksPerMultiprocessor * 132;  // resident at 16 rows on the H200
+constexpr int kStageChunks = 1;
+// Blocks per wave in mma_split's rule (it sets the split of K, so the sums, at every row count): 3 per SM
+// measured better than the 4 resident (verify 4.36 -> 4.51 ms, decode 2.10 -> 2.17 in the same A/B).
+constexpr int64_t kSixteenRowSlots = 3 * 132;
 
 // How x enters the mma (the file's comment): FP16 with a power-of-two scale per row and chunk (W4A16), or
 // BF16 hi and lo parts (BF16 weights).
@@ -177,7 +181,6 @@ struct PackedInt4Weights {
   uint32_t blocks_per_group;  // group_size / 32
   int64_t blocks;             // in_features / 32
 
-  __host__ __device__ static constexpr int stage_chunks(int halves) { return halves == 1 ? 2 : 1; }
   static constexpr int kRowRingDepth =
       4;  // chunks in flight per warp in the one-row kernel (12 registers each)
   static constexpr int kScaleWords = kScales == ScaleLoad::Vector     ? 2
@@ -305,7 +308,6 @@ struct Bf16Weights {
   int64_t vector_stride;
   int64_t blocks;
 
-  __host__ __device__ static constexpr int stage_chunks(int) { return 1; }
   static constexpr int kRowRingDepth = 2;  // 32 registers each
 
   struct Loaded {
@@ -582,7 +584,6 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
 template <typename Weights, int kHalves, bool kAlignedX>
 __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     linear_mma_kernel(MmaArgs a, Weights weights) {
-  constexpr int kStageChunks = Weights::stage_chunks(kHalves);
   constexpr int kStageK = kStageChunks * kChunkK;
   constexpr XForm kForm = Weights::kX;
   constexpr bool kScaled = kForm == XForm::Fp16Scaled;
