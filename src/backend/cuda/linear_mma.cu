@@ -581,7 +581,8 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
 // A block takes items blockIdx.x, blockIdx.x + gridDim.x, ... (one, unless the tuning's grid is smaller) as
 // one stream of stages: the next stage's weights (of this item or the next) are loaded while this one is
 // computed.
-template <typename Weights, int kHalves, bool kAlignedX>
+// kWholeChunks: every chunk lies inside K and loads without bounds checks (Weights::whole_chunk_loads).
+template <typename Weights, int kHalves, bool kAlignedX, bool kWholeChunks>
 __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     linear_mma_kernel(MmaArgs a, Weights weights) {
   constexpr int kStageK = kStageChunks * kChunkK;
@@ -609,7 +610,12 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
         weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c)
-      if (stage + c < end_chunk) into[c] = weights.load(rows, stage + c, q);
+      if (stage + c < end_chunk) {
+        if constexpr (kWholeChunks)
+          into[c] = weights.load_whole(rows, static_cast<int>(stage + c), q);
+        else
+          into[c] = weights.load(rows, stage + c, q);
+      }
   };
 
   int64_t item_index = blockIdx.x;
@@ -902,15 +908,15 @@ int64_t row_passes(int64_t rows) {
   return (rows + kTileRows - 1) / kTileRows;
 }
 
-template <typename Weights, int kHalves, bool kAlignedX>
+template <typename Weights, int kHalves, bool kAlignedX, bool kWholeChunks>
 cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const LinearMmaTuning& tuning,
                               cudaStream_t stream) {
   // One block per item unless the tuning asks for fewer blocks walking several: on the H200 that was no
   // faster at any W4A16 shape of the 4B and up to 25% slower at 16 rows (bench/results/cuda-ops-notes.md).
   const int64_t blocks =
       tuning.grid_blocks > 0 && tuning.grid_blocks < args.items ? tuning.grid_blocks : args.items;
-  return launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(blocks),
-                       kThreads, 0, stream, args, weights);
+  return launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX, kWholeChunks>,
+                       static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights);
 }
 
 template <typename Weights, int kHalves>
@@ -935,8 +941,12 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      workspace.partials,
                      workspace.counters};
   const bool aligned_x = rows_aligned_to_float4(x);
-  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true>(args, weights, tuning, stream);
-  return launch_mma_kernel<Weights, kHalves, false>(args, weights, tuning, stream);
+  const bool whole = weights.whole_chunk_loads(in_features);
+  if (aligned_x && whole)
+    return launch_mma_kernel<Weights, kHalves, true, true>(args, weights, tuning, stream);
+  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true, false>(args, weights, tuning, stream);
+  if (whole) return launch_mma_kernel<Weights, kHalves, false, true>(args, weights, tuning, stream);
+  return launch_mma_kernel<Weights, kHalves, false, false>(args, weights, tuning, stream);
 }
 
 constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
