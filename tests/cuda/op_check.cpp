@@ -36,7 +36,7 @@ void expect_close(const std::string& op, const std::string& name, const std::vec
 }
 
 double model_tolerance(bool quantized) {
-  return quantized ? 2e-2 : 2e-4;
+  return quantized ? 1e-2 : 2e-4;
 }
 
 float greedy_margin(bool quantized) {

@@ -37,7 +37,8 @@ void expect_close(const std::string& op, const std::string& name, const std::vec
 // from the same weights, summing in other orders (relative logit differences around 1e-6..1e-5 after a few
 // layers; the CPU reference itself is held to 2e-4 against HF, tests/test_qwen35_oracle.cpp), except that a
 // W4A16 model's linears take x in FP16 on the GPU (2-3e-4 of the largest output per linear, amplified over
-// the random fixture models' layers). Greedy tokens may differ only where the CPU's top-1 / top-2 margin is
+// the random fixture models' layers: logits up to 6e-3 and GDN states after a commit up to 3.3e-3 of their
+// largest value, measured on the H200). Greedy tokens may differ only where the CPU's top-1 / top-2 margin is
 // below the model's greedy margin: fp32 models are held tighter than the 1e-2.
 double model_tolerance(bool quantized);
 float greedy_margin(bool quantized);

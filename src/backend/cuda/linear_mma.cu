@@ -16,10 +16,11 @@
 // byte permutes.
 //
 // The form of x (XForm) follows the weights. W4A16: x * 2^e in FP16, e per row and 128-k chunk putting the
-// chunk's largest |x| in [2^14, 2^15): 11 significant bits per value whatever the range (the FP16 engines'
-// precision, 8x BF16's), one mma chain per block; the chunk's group-scaled sums are multiplied by 2^-e
-// (exact) into the split's sums. BF16 weights need BF16 x: each value is split into hi = bf16(x) and lo =
-// bf16(x - hi) (~2^-16 of it), both multiplied in one chain. A block of 4 warps owns 4 tiles (one per warp)
+// chunk's largest |x| in [2^14, 2^15): 11 significant bits for every value within 2^28 of its chunk's largest
+// (the FP16 engines' precision, 8x BF16's), for chunk maxima from 2^-112 to FLT_MAX; one mma chain per block;
+// the chunk's group-scaled sums are multiplied by 2^-e (exact) into the split's sums. BF16 weights need BF16
+// x: each value is split into hi = bf16(x) and lo = bf16(x - hi) (~2^-9 of x; ~2^-17 left out), both
+// multiplied in one chain. A block of 4 warps owns 4 tiles (one per warp)
 // and stages x for all of them in shared memory, already converted and paired, a stage of chunks at a time;
 // the next stage's weights are loaded into registers while this one is computed. No instruction may read a
 // loaded register before its chunk is computed (a copy or a repacking there waits for the load, and the loads
@@ -53,15 +54,15 @@ constexpr int kChunkK = kChunkBlocks * kBlockK;  // 128: a warp's step along K
 constexpr int kChunkGroups = kChunkK / 8;        // 8-value groups of x per chunk
 constexpr int64_t kTargetItems = 8 * 132;  // split K until there are about 8 one-tile-per-warp items per SM
 // The many-row kernel: a block's features (a tile per warp), its resident blocks per SM (launch bounds) and
-// the chunks of x it stages at a time. Two tiles per warp sharing the x fragments, with stages of 2 chunks at
-// up to 8 rows, left 3 blocks per SM: verify 4.57 -> 4.36 ms and draft 1.15 -> 1.12 with these (A/B of
-// session 8, bench/results/cuda-ops-notes.md).
+// the chunks of x it stages at a time. Two tiles per warp sharing the x fragments left 3 blocks per SM at 16
+// rows: verify 4.57 -> 4.36 ms and draft 1.15 -> 1.12 with these; stages of 2 chunks lost (verify 4.36 ->
+// 4.96-5.09 ms; A/Bs of session 8, bench/results/cuda-ops-notes.md).
 constexpr int kGroupFeatures = kWarps * kTileFeatures;
 constexpr int kMmaBlocksPerMultiprocessor = 4;
 constexpr int kStageChunks = 1;
-// Blocks per wave in mma_split's rule (it sets the split of K, so the sums, at every row count): 3 per SM
-// measured better than the 4 resident (verify 4.36 -> 4.51 ms, decode 2.10 -> 2.17 in the same A/B).
-constexpr int64_t kSixteenRowSlots = 3 * 132;
+// Blocks per wave in mma_split's rule (it sets the split of K, so the sums, at every row count): 3 per SM.
+// 4, the resident count, lost: verify 4.36 -> 4.51 ms, decode 2.10 -> 2.17 in the same A/B.
+constexpr int64_t kSplitWaveBlocks = 3 * 132;
 
 // How x enters the mma (the file's comment): FP16 with a power-of-two scale per row and chunk (W4A16), or
 // BF16 hi and lo parts (BF16 weights).
@@ -161,6 +162,11 @@ __device__ inline void multiply_columns(float (&sum)[4], const BlockFragments& a
   mma<kForm>(sum, a.low[2], a.high[2], a.low[3], a.high[3], x.z, x.w);
 }
 
+// The host's promise for load_whole: K is a multiple of the chunk.
+bool whole_chunk_loads(int64_t in_features) {
+  return in_features % kChunkK == 0;
+}
+
 // How a chunk's group scales are loaded, chosen on the host. Each mode is its own kernel: nothing may read a
 // loaded register before the chunk is computed, and a predicated-off instruction of another mode that reads
 // one still waits for the load (ncu: that wait serialised the ring of chunks in flight).
@@ -182,7 +188,7 @@ struct PackedInt4Weights {
   int64_t blocks;             // in_features / 32
 
   static constexpr int kRowRingDepth =
-      4;  // chunks in flight per warp in the one-row kernel (12 registers each)
+      4;  // chunks in flight per warp in the one-row kernel (10-16 registers each, by scale mode)
   static constexpr int kScaleWords = kScales == ScaleLoad::Vector     ? 2
                                      : kScales == ScaleLoad::PerChunk ? 1
                                                                       : 4;
@@ -223,10 +229,8 @@ struct PackedInt4Weights {
     }
   }
 
-  // The host's promise for load_whole: K is a multiple of the chunk.
-  bool whole_chunk_loads(int64_t in_features) const {
-    return in_features % kChunkK == 0;
-  }
+  // Vector scales are chosen only when K is a multiple of the chunk: every chunk loads whole.
+  static constexpr bool kAlwaysWhole = kScales == ScaleLoad::Vector;
 
   // load() for a chunk inside K, without the bounds checks. In the backend's word order (packed_int4_order.h)
   // the 16 bytes at word 4q of a whole chunk are word q of each of its four blocks: this lane's A words.
@@ -336,9 +340,7 @@ struct Bf16Weights {
     return w;
   }
 
-  bool whole_chunk_loads(int64_t in_features) const {
-    return in_features % kChunkK == 0;
-  }
+  static constexpr bool kAlwaysWhole = false;
 
   __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
     Loaded w;
@@ -581,7 +583,7 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
 // A block takes items blockIdx.x, blockIdx.x + gridDim.x, ... (one, unless the tuning's grid is smaller) as
 // one stream of stages: the next stage's weights (of this item or the next) are loaded while this one is
 // computed.
-// kWholeChunks: every chunk lies inside K and loads without bounds checks (Weights::whole_chunk_loads).
+// kWholeChunks: every chunk lies inside K and loads without bounds checks (whole_chunk_loads).
 template <typename Weights, int kHalves, bool kAlignedX, bool kWholeChunks>
 __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     linear_mma_kernel(MmaArgs a, Weights weights) {
@@ -694,12 +696,12 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
 // (16-feature tile, part of K: a whole number of splits) are numbered part-major; every warp walks a run of
 // consecutive units (one part, or two, and consecutive tiles), keeping kRowRingDepth chunks of weights in
 // flight across unit boundaries, and a block stages only the slice of x that its warps' parts read (a
-// 9216-value x was staged whole by each of ~528 blocks: more bytes through L2 than the weights), with no
-// barrier after the staging; for the gated MLP's down projection the staging makes silu(gate) * up. The split
-// of K is the many-row kernel's (mma_split) and each split's sums are made the same way, so a row's result
-// equals that of a many-row call bit for bit, whatever the parts: a unit spanning K adds its splits' sums in
-// split order itself; otherwise it stores one partial per split, and the warp that takes the tile's last
-// ticket (release / acquire atomics, no fences) adds them in split order.
+// 9216-value x was staged whole by each of ~528 blocks: more bytes through L2 than the weights), with one
+// barrier after the staging and none after that; for the gated MLP's down projection the staging makes
+// silu(gate) * up. The split of K is the many-row kernel's (mma_split) and each split's sums are made the
+// same way, so a row's result equals that of a many-row call bit for bit, whatever the parts: a unit spanning
+// K adds its splits' sums in split order itself; otherwise it stores one partial per split, and the warp that
+// takes the tile's last ticket (release / acquire atomics, no fences) adds them in split order.
 struct RowArgs {
   float* out;
   const float* x;
@@ -753,7 +755,7 @@ __device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_u
 
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
 
-// kWholeChunks: every chunk lies inside K and loads without bounds checks (Weights::whole_chunk_loads).
+// kWholeChunks: every chunk lies inside K and loads without bounds checks (whole_chunk_loads).
 template <typename Weights, bool kWholeChunks>
 __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     linear_row_kernel(RowArgs a, Weights weights) {
@@ -894,7 +896,7 @@ MmaSplit mma_split(int64_t out_features, int64_t in_features, int64_t chunks_per
     // qkv|z [12288, 2560] at 16 rows 34.5 -> 24.6 us, at one row 12.5 -> 13.7 us (20261130T0555Z sweep).
     auto waves = [&](int64_t per_split) {
       const int64_t items = groups * ((split.chunks + per_split - 1) / per_split);
-      return (items + kSixteenRowSlots - 1) / kSixteenRowSlots;
+      return (items + kSplitWaveBlocks - 1) / kSplitWaveBlocks;
     };
     if (chunks_per_split < split.chunks && waves(chunks_per_split + 1) < waves(chunks_per_split))
       ++chunks_per_split;
@@ -941,12 +943,15 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      workspace.partials,
                      workspace.counters};
   const bool aligned_x = rows_aligned_to_float4(x);
-  const bool whole = weights.whole_chunk_loads(in_features);
-  if (aligned_x && whole)
-    return launch_mma_kernel<Weights, kHalves, true, true>(args, weights, tuning, stream);
-  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true, false>(args, weights, tuning, stream);
-  if (whole) return launch_mma_kernel<Weights, kHalves, false, true>(args, weights, tuning, stream);
-  return launch_mma_kernel<Weights, kHalves, false, false>(args, weights, tuning, stream);
+  // Vector scales come with whole chunks only: their kernels without whole chunks are never built.
+  const bool whole = Weights::kAlwaysWhole || whole_chunk_loads(in_features);
+  if constexpr (!Weights::kAlwaysWhole) {
+    if (!whole && aligned_x)
+      return launch_mma_kernel<Weights, kHalves, true, false>(args, weights, tuning, stream);
+    if (!whole) return launch_mma_kernel<Weights, kHalves, false, false>(args, weights, tuning, stream);
+  }
+  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true, true>(args, weights, tuning, stream);
+  return launch_mma_kernel<Weights, kHalves, false, true>(args, weights, tuning, stream);
 }
 
 constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
@@ -1014,9 +1019,11 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   const int64_t spanned = std::min(parts, (block_units - 1) / tiles + 2);
   const int64_t staged_chunks = std::min(split.chunks, spanned * chunks_per_part);
   const auto shared = static_cast<size_t>(x_stage_bytes<Weights::kX>(staged_chunks));
-  if (weights.whole_chunk_loads(in_features))
-    return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
-  return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args, weights);
+  if constexpr (!Weights::kAlwaysWhole) {
+    if (!whole_chunk_loads(in_features))
+      return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args, weights);
+  }
+  return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
 }
 
 template <typename Weights>
