@@ -156,8 +156,10 @@ TEST(CudaOps, RmsNorm) {
     DType weight_dtype;
     bool unit_offset;
   };
+  // Groups of up to 128 columns take a warp each, 8 to a block: 32 groups, 5 (a block part empty), 7 of 64.
   for (const Case& c : {Case{2560, 2560, DType::BF16, true}, Case{4096, 256, DType::F32, true},
-                        Case{1024, 256, DType::BF16, true}, Case{4096, 128, DType::F16, false}}) {
+                        Case{1024, 256, DType::BF16, true}, Case{4096, 128, DType::F16, false},
+                        Case{640, 128, DType::BF16, true}, Case{448, 64, DType::F32, false}}) {
     const WeightPair weight = b.weight(c.weight_dtype, 1, c.group, random_floats(rng, c.group, -0.5f, 0.5f));
     for (int tokens : {1, 3, 16}) {
       const TensorPair x = b.activation(tokens, c.cols, random_floats(rng, tokens * c.cols, -3.0f, 3.0f));

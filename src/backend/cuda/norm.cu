@@ -4,7 +4,9 @@
 //
 // Groups of a multiple of 4 columns with 16-byte aligned rows (every Qwen3.5 norm) take the register kernel:
 // each thread holds up to kMaxQuadsPerThread float4 of its group, so x is read from memory once and written
-// once, in 16-byte accesses. Other shapes take the element-wise kernel.
+// once, in 16-byte accesses. Groups of up to 128 columns (the GDN heads' gated norm, 32 per token) take a
+// warp each, kBlock / 32 groups to a block, and reduce without barriers. Other shapes take the element-wise
+// kernel.
 #include <algorithm>
 #include <cstdint>
 
@@ -59,18 +61,25 @@ __device__ inline void store4(float* p, float4 v) {
   *reinterpret_cast<float4*>(p) = v;
 }
 
-// The register form: thread i holds quads i, i + blockDim.x, ... (at most kQuads) of its group of `quads`
-// float4. Same arithmetic per element as rmsnorm_kernel.
-template <typename W, NormInput kInput, int kQuads>
+// The register form: thread i holds quads i, i + kThreads, ... (at most kQuads) of its group of `quads`
+// float4, kThreads being the block (kWarpGroups false: a block per group, the sum of squares over the block)
+// or a warp (kWarpGroups: a warp per group, groups blockIdx.x * warps + warp of the row). Same arithmetic per
+// element as rmsnorm_kernel.
+template <typename W, NormInput kInput, int kQuads, bool kWarpGroups>
 __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, int64_t x_stride,
-                                     const W* weight, const float* z, int64_t z_stride, int quads, float eps,
-                                     float weight_offset) {
+                                     const W* weight, const float* z, int64_t z_stride, int quads, int groups,
+                                     float eps, float weight_offset) {
   wait_for_previous_kernel();
   allow_next_kernel();
   constexpr bool kGated = kInput == NormInput::Gated;
   __shared__ float scratch[kBlock / kWarpSize];
   const int64_t t = blockIdx.y;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * quads * 4;
+  const int thread = kWarpGroups ? static_cast<int>(threadIdx.x) % kWarpSize : static_cast<int>(threadIdx.x);
+  const int threads = kWarpGroups ? kWarpSize : static_cast<int>(blockDim.x);
+  const int64_t group_index =
+      kWarpGroups ? int64_t{blockIdx.x} * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize : blockIdx.x;
+  if (group_index >= groups) return;  // whole warps (kWarpGroups) leave; no barrier follows for them
+  const int64_t first = group_index * quads * 4;
   float* in = x + t * x_stride + first;
   const float* side = kInput == NormInput::Plain ? nullptr : z + t * z_stride + first;
   // The gate and the norm weight are loaded with x, before the block's reduction, so that all loads are in
@@ -80,7 +89,7 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
   float sum_of_squares = 0.0f;
 #pragma unroll
   for (int k = 0; k < kQuads; ++k) {
-    const int q = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    const int q = thread + k * threads;
     if (q >= quads) break;
     float4 v = load4(in + 4 * q);
     if constexpr (kGated) gates[k] = load4(side + 4 * q);
@@ -97,12 +106,15 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
     sum_of_squares += v.w * v.w;
     values[k] = v;
   }
-  sum_of_squares = block_sum(sum_of_squares, scratch);
+  if constexpr (kWarpGroups)
+    sum_of_squares = warp_sum(sum_of_squares);
+  else
+    sum_of_squares = block_sum(sum_of_squares, scratch);
   const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(quads * 4) + eps);
   float* y = out + t * out_stride + first;
 #pragma unroll
   for (int k = 0; k < kQuads; ++k) {
-    const int q = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    const int q = thread + k * threads;
     if (q >= quads) break;
     const float v[4] = {values[k].x, values[k].y, values[k].z, values[k].w};
     float gate[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -137,10 +149,23 @@ QuadsShape quads_shape(int64_t quads) {
 template <typename W, NormInput kInput, int kQuads>
 cudaError_t launch_quads(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
                          float weight_offset, int threads, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned int>(x.cols / weight.cols), static_cast<unsigned int>(x.rows));
-  return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads>, grid, threads, 0, stream, out.ptr<float>(),
-                       out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
-                       z.stride, static_cast<int>(weight.cols / 4), eps, weight_offset);
+  const int64_t groups = x.cols / weight.cols;
+  const auto quads = static_cast<int>(weight.cols / 4);
+  if constexpr (kQuads == 1) {
+    if (threads == kWarpSize) {  // a warp per group, kBlock / 32 groups to a block
+      constexpr int64_t kGroupsPerBlock = kBlock / kWarpSize;
+      const dim3 grid(static_cast<unsigned int>((groups + kGroupsPerBlock - 1) / kGroupsPerBlock),
+                      static_cast<unsigned int>(x.rows));
+      return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads, true>, grid, kBlock, 0, stream,
+                           out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(),
+                           z.ptr<const float>(), z.stride, quads, static_cast<int>(groups), eps,
+                           weight_offset);
+    }
+  }
+  const dim3 grid(static_cast<unsigned int>(groups), static_cast<unsigned int>(x.rows));
+  return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads, false>, grid, threads, 0, stream,
+                       out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(),
+                       z.ptr<const float>(), z.stride, quads, static_cast<int>(groups), eps, weight_offset);
 }
 
 template <NormInput kInput>
