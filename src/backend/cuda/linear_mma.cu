@@ -430,6 +430,12 @@ __device__ inline ChunkScale chunk_scale(float largest) {
   return {__int_as_float((268 - exponent) << 23), __int_as_float((exponent - 14) << 23)};
 }
 
+// The one-row kernel stages `chunks` chunks of x's values in this many words; the chunk scales follow them.
+template <XForm kForm>
+__host__ __device__ constexpr int64_t row_stage_words(int64_t chunks) {
+  return chunks * kChunkGroups * kXWords<kForm>;
+}
+
 // Where x is staged: row r's words from r * row_words, kXWords per 8 values in pairs (i, i + 4), and for
 // FP16 x the inverse scale of row r's chunk c at scales[r * chunks + c].
 struct XStage {
@@ -798,10 +804,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   constexpr bool kScaled = kForm == XForm::Fp16Scaled;
   const RowStage stage = row_stage(a, block_first, block_end);
   const int staged_chunks = stage.end_chunk - stage.first_chunk;
-  const XStage x_stage{
-      reinterpret_cast<uint32_t*>(x_row_storage),
-      reinterpret_cast<float*>(x_row_storage) + staged_chunks * kChunkGroups * kXWords<kForm>, 0,
-      staged_chunks};
+  const XStage x_stage{reinterpret_cast<uint32_t*>(x_row_storage),
+                       reinterpret_cast<float*>(x_row_storage) + row_stage_words<kForm>(staged_chunks), 0,
+                       staged_chunks};
   const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
   if (a.x_aligned)
     stage_x<kForm, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
@@ -960,7 +965,7 @@ constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
 template <XForm kForm>
 int64_t x_stage_bytes(int64_t chunks) {
   const int64_t scale_bytes = kForm == XForm::Fp16Scaled ? sizeof(float) : 0;
-  return chunks * (kChunkGroups * kXWords<kForm> * static_cast<int64_t>(sizeof(uint32_t)) + scale_bytes);
+  return row_stage_words<kForm>(chunks) * static_cast<int64_t>(sizeof(uint32_t)) + chunks * scale_bytes;
 }
 
 // The most a block stages (the whole of x, in the larger form): K <= 12288. A block stages its parts' slice
