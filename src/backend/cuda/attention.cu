@@ -3,7 +3,7 @@
 //   decode  (<= 4 rows, 16-byte aligned rows):  attention_rows.cu, FP32, memory-bound
 //   verify  (<= 64 rows, 16-byte aligned rows):  attention_verify.cu, split-BF16 tensor cores, for head_dim
 //           32/64/128/256 where its shared memory fits; else attention_rows.cu, FP32
-//   prefill (otherwise):                         attention_prefill.cu, split-BF16 tensor cores
+//   prefill (otherwise):                         attention_prefill.cu, BF16 tensor cores
 // The positions live on the device, so the host sizes the grid by the cache's capacity: each block derives
 // its keys from the positions and splits them evenly (attention_kernels.cuh), and blocks past the context
 // finish at once. Merge: with many splits (decode, verify) a block per (query row, head, 32 dims) whose
@@ -42,7 +42,7 @@ struct Plan {
   int64_t padded_rows;      // prefill: cache rows rounded up to a key tile
   size_t partials_bytes;    // split partials, at the workspace's start
   size_t key_count_offset;  // prefill: one int
-  size_t planes_offset;     // prefill: the BF16 hi/lo K/V planes
+  size_t planes_offset;     // prefill: the BF16 K/V planes
   size_t bytes;
 };
 
@@ -100,7 +100,7 @@ Plan plan_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, c
   if (plan.regime == Regime::kPrefill) {
     plan.key_count_offset = plan.bytes;
     plan.planes_offset = plan.bytes + kWorkspaceAlignment;
-    plan.bytes = plan.planes_offset + sizeof(uint16_t) * 4 * static_cast<size_t>(num_kv_heads) *
+    plan.bytes = plan.planes_offset + sizeof(uint16_t) * 2 * static_cast<size_t>(num_kv_heads) *
                                           static_cast<size_t>(plan.padded_rows) *
                                           static_cast<size_t>(plan.padded_dim);
   }
@@ -249,8 +249,8 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
       status = launch_attention_verify_mma(args, stream);
       break;
     case Regime::kPrefill: {
-      const SplitKvPlanes planes{reinterpret_cast<uint16_t*>(base + plan.planes_offset), plan.padded_rows,
-                                 plan.padded_dim, reinterpret_cast<int*>(base + plan.key_count_offset)};
+      const KvPlanes planes{reinterpret_cast<uint16_t*>(base + plan.planes_offset), plan.padded_rows,
+                            plan.padded_dim, reinterpret_cast<int*>(base + plan.key_count_offset)};
       status = launch_attention_prefill(args, planes, stream);
       break;
     }

@@ -40,10 +40,9 @@ struct AttentionArgs {
   float* partials;  // [tokens * num_heads * splits][2 + head_dim] when splits > 1
 };
 
-// The K and V caches converted for the tensor-core kernel: 4 planes (K hi, K lo, V hi, V lo), each
-// [num_kv_heads][padded_rows][padded_dim] BF16 with hi = bf16(x), lo = bf16(x - hi); zeros past head_dim
-// and past the last key any query row sees.
-struct SplitKvPlanes {
+// The K and V caches converted for the prefill kernel: 2 planes (K, V), each
+// [num_kv_heads][padded_rows][padded_dim] BF16; zeros past head_dim and past the last key any query row sees.
+struct KvPlanes {
   uint16_t* planes;
   int64_t padded_rows;
   int padded_dim;
@@ -78,9 +77,9 @@ __device__ inline float* partial_row(const AttentionArgs& a, int64_t t, int head
   return a.partials + ((t * a.num_heads + head) * a.splits + split) * (2 + static_cast<int64_t>(a.head_dim));
 }
 
-// ---- split-BF16 tensor-core arithmetic (attention_prefill.cu, attention_verify.cu) ----
-// Every operand x is split into hi = bf16(x) and lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x); a product is
-// hi*hi + hi*lo + lo*hi with FP32 accumulation (mma.sync m16n8k16, sm_80+).
+// ---- BF16 tensor-core arithmetic (mma.sync m16n8k16, FP32 accumulation, sm_80+) ----
+// attention_verify.cu splits every operand x into hi = bf16(x) and lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x)
+// and multiplies hi*hi + hi*lo + lo*hi; attention_prefill.cu rounds each operand to BF16 once.
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
@@ -98,12 +97,13 @@ __device__ inline void split_pair(float first, float second, uint32_t& hi, uint3
 
 // Online softmax over one 16-key score tile of a warp's 16 rows: scores[n][e] is key first_key + 8n + 2 pair
 // + (e & 1) of row g (e < 2) or g + 8, keys at or past the row's limit masked. Updates the rows' running max
-// (raw scores) and this thread's part of their totals, returns the factor for the earlier sums and P as the
-// split BF16 A fragments of the P V mma (registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15).
+// (raw scores) and this thread's part of their totals, returns the factor for the earlier sums and the
+// weights P in the scores' places: in pairs (weights[n][0], [1]) and ([2], [3]) they are the A fragment
+// registers 2n and 2n + 1 of the P V mma (registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15).
 __device__ inline void online_softmax_tile(float (&scores)[2][4], int64_t first_key, int pair,
                                            const int64_t (&row_limit)[2], float scale_log2,
                                            float (&running_max)[2], float (&total)[2], float (&correction)[2],
-                                           uint32_t (&p_hi)[4], uint32_t (&p_lo)[4]) {
+                                           float (&weights)[2][4]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < 2; ++n)
@@ -127,16 +127,12 @@ __device__ inline void online_softmax_tile(float (&scores)[2][4], int64_t first_
     total[h] *= correction[h];
   }
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    float weight[4];
+  for (int n = 0; n < 2; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      weight[e] = exp2f(fmaf(scores[n][e], scale_log2, -max_scaled[e / 2]));
-      total[e / 2] += weight[e];
+      weights[n][e] = exp2f(fmaf(scores[n][e], scale_log2, -max_scaled[e / 2]));
+      total[e / 2] += weights[n][e];
     }
-    split_pair(weight[0], weight[1], p_hi[2 * n], p_lo[2 * n]);
-    split_pair(weight[2], weight[3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
-  }
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* shared) {
@@ -168,8 +164,7 @@ cudaError_t launch_attention_verify(const AttentionArgs& args, cudaStream_t stre
 // memory a block of it needs, 0 for another head_dim.
 size_t attention_verify_mma_shared_bytes(int head_dim);
 cudaError_t launch_attention_verify_mma(const AttentionArgs& args, cudaStream_t stream);
-cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPlanes& planes,
-                                     cudaStream_t stream);
+cudaError_t launch_attention_prefill(const AttentionArgs& args, const KvPlanes& planes, cudaStream_t stream);
 
 // Query rows per block of each regime (prefill: of its paired kernel; the fallback takes 64).
 inline constexpr int kDecodeRows = 4;

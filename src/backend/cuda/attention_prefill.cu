@@ -1,42 +1,34 @@
-// Attention of many query rows (prefill) on tensor cores, flash-attention style, with split BF16 so that the
-// result stays within ~1e-5 of the FP32 CPU op: every operand x is split into hi = bf16(x) and
-// lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x) and each product is hi*hi + hi*lo + lo*hi (mma.sync m16n8k16,
-// FP32 accumulation, sm_80+), for the scores Q K^T and for P V alike: 3 mmas where plain BF16 takes one.
-// None of the three can go: a row that sees 2 keys has weights 1 and p, and either p's or v's lo part
-// weighs ~2^-9 of the output (the test's tolerance is 5e-5).
+// Attention of many query rows (prefill) on tensor cores, flash-attention style, in BF16: q, k, v and the
+// softmax weights p are each rounded to BF16 once (8 significant bits), the products Q K^T and P V are
+// accumulated in FP32 (mma.sync m16n8k16, sm_80+), and the softmax (running max, exponentials, totals) is
+// FP32. This is the precision of FlashAttention's BF16 path and of the prefill's linears (cuBLAS BF16, x and
+// weights rounded to BF16); ~2^-9 relative per term, ~1e-3 of the largest output. Decode and verify keep
+// FP32 or split-BF16 arithmetic (attention_rows.cu, attention_verify.cu): a verify step must give the logits
+// of single decode steps. Split BF16 here (3 products each) cost 3x the tensor-core work and twice the
+// shared-memory traffic (session 9: bench/results/cuda-ops-notes.md).
 //
 // Three launches: the key count (max position + 1 over the rows), the conversion of K/V rows below it into
-// BF16 hi/lo planes in the workspace (zeros past head_dim and past the last key, so the last tile is
-// finite), and the attention kernel. Query rows are the pairs (token, grouped head) of one KV head, so
-// 4 heads share every K/V tile. K and V tiles are copied with cp.async (V while the scores are computed, the
-// next K while P V is), read with ldmatrix from an XOR-swizzled layout (conflict-free); Q hi/lo stays in
-// shared memory; the scores' accumulators become the P operand of P V; the output accumulators live in
-// registers. Causal: a block sees keys up to its rows' largest position; the blocks with the most keys
-// start first. With few blocks (short prompts) the keys are also split.
+// BF16 planes in the workspace (zeros past head_dim and past the last key, so the last tile is finite), and
+// the attention kernel. Query rows are the pairs (token, grouped head) of one KV head, so 4 heads share
+// every K/V tile. K and V tiles are copied with cp.async (V while the scores are computed, the next K while
+// P V is), read with ldmatrix from an XOR-swizzled layout (conflict-free); Q stays in shared memory; the
+// scores' accumulators become the P operand of P V; the output accumulators live in registers. Causal: a
+// block sees keys up to its rows' largest position; the blocks with the most keys start first. With few
+// blocks (short prompts) the keys are also split.
 //
-// The bound is shared-memory traffic, not the tensor cores: every mma.sync reads its operands from
-// registers that ldmatrix fills, and an m16n8k16 split product needs 512 B of B operand per 3 mmas for each
-// 16 query rows a warp holds. So a warp should hold as many rows as its registers allow; the output of
-// 16 rows x 256 dims is already 128 registers per thread.
-//
-// Paired kernel (where its 224 KB of shared memory fit: sm_90): a block of 8 warps takes 128 query rows and
-// walks the keys in tiles of 32. Warps 2r and 2r+1 share 32 rows: each computes the scores over its half of
-// the dims (Q K^T partial sums), they swap the partial 32 x 32 scores through shared memory (4 KB each way),
-// and each accumulates P V for its half of the dims (32 rows x 128 dims = 128 registers). Per warp and tile:
-// Q 16 KB, K 16 KB, exchange 8 KB, V 16 KB = 56 KB for 384 mmas (149 B per mma), where the 64-row kernel
-// reads 48 KB for 192 (256 B per mma).
-// Fallback kernel (sm_80/86/89, 99-163 KB per block): a block of 4 warps takes 64 rows, 16 rows per warp,
-// keys in tiles of 16; 96 KB of shared memory.
-//
-// Prediction (H200, Qwen3.5-4B: 16 heads of 256, 8 layers): 6 products x T^2/2 x 256 x 16 x 2 FLOP per
-// layer = 1.65 PFLOP at 8,192 tokens. The 64-row kernel measured 5.9 ms per layer (276 TFLOP/s of mma) at a
-// shared-memory bound of ~470 (256 B per mma at 128 B per clock); the paired kernel's bound is ~810, above
-// what mma.sync reaches (~550-660), so ~3-4 ms per layer at 8,192. The 1.5 ms target needs ~1.1 PFLOP/s of
-// BF16 products: above the H200's dense peak; only wgmma (sm_90a) with fewer products could approach it.
+// Paired kernel (where its shared memory fits: sm_90): a block of 8 warps takes 128 query rows and walks
+// the keys in tiles of 32. Warps 2r and 2r+1 share 32 rows: each computes the scores over its half of the
+// dims (Q K^T partial sums), they swap the partial 32 x 32 scores through shared memory (4 KB each way), and
+// each accumulates P V for its half of the dims (32 rows x 128 dims = 128 registers): ldmatrix traffic per
+// mma is about half the 64-row kernel's.
+// Fallback kernel (sm_80/86/89, or QSPEC_PREFILL_ATTENTION=rows64 for testing it): a block of 4 warps takes
+// 64 rows, 16 rows per warp, keys in tiles of 16.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/attention_kernels.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -59,12 +51,10 @@ constexpr int kPairWarpRows = 32;
 constexpr int kExchangeFloats = kPairWarpRows * kPairKeyTile;  // one warp's partial scores
 static_assert(kPairWarps / 2 * kPairWarpRows == kPairRows && kPairKeyTile % kKeyTile == 0);
 
-// 8 floats -> 16 bytes of hi and 16 bytes of lo.
-__device__ inline void split_chunk(const float (&x)[8], uint4& hi, uint4& lo) {
-  split_pair(x[0], x[1], hi.x, lo.x);
-  split_pair(x[2], x[3], hi.y, lo.y);
-  split_pair(x[4], x[5], hi.z, lo.z);
-  split_pair(x[6], x[7], hi.w, lo.w);
+// 8 floats -> 16 bytes of BF16.
+__device__ inline uint4 bf16_chunk(const float (&x)[8]) {
+  return make_uint4(bf16_pair(x[0], x[1]), bf16_pair(x[2], x[3]), bf16_pair(x[4], x[5]),
+                    bf16_pair(x[6], x[7]));
 }
 
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* shared) {
@@ -104,7 +94,7 @@ __global__ void attention_key_count_kernel(AttentionArgs a, int* key_count) {
 }
 
 // Rows below the key count rounded up to the larger key tile; thread = one 8-dim chunk of one (row, KV head).
-__global__ void attention_split_kv_kernel(AttentionArgs a, SplitKvPlanes p) {
+__global__ void attention_kv_to_bf16_kernel(AttentionArgs a, KvPlanes p) {
   wait_for_previous_kernel();
   allow_next_kernel();
   const int key_count = *p.key_count;
@@ -127,20 +117,16 @@ __global__ void attention_split_kv_kernel(AttentionArgs a, SplitKvPlanes p) {
         const int d = chunk * 8 + e;
         x[e] = row < key_count && d < a.head_dim ? source[d] : 0.0f;
       }
-      uint4 hi, lo;
-      split_chunk(x, hi, lo);
-      uint16_t* plane = p.planes + 2 * which * plane_elements;
-      *reinterpret_cast<uint4*>(plane + offset) = hi;
-      *reinterpret_cast<uint4*>(plane + plane_elements + offset) = lo;
+      *reinterpret_cast<uint4*>(p.planes + which * plane_elements + offset) = bf16_chunk(x);
     }
   }
 }
 
 // Query rows [first_row, first_row + kTileRows) of KV head kv's heads (row = token * heads_per_kv + head),
-// split and swizzled into q_hi / q_lo; rows past `rows` and dims past head_dim are zero.
+// in BF16, swizzled; rows past `rows` and dims past head_dim are zero.
 template <int kDim, int kTileRows, int kBlockThreads>
-__device__ void stage_query_tile(uint16_t* q_hi, uint16_t* q_lo, const AttentionArgs& a, int kv,
-                                 int64_t first_row, int64_t rows) {
+__device__ void stage_query_tile(uint16_t* q_tile, const AttentionArgs& a, int kv, int64_t first_row,
+                                 int64_t rows) {
   constexpr int kChunks = kDim / 8;
   for (int item = static_cast<int>(threadIdx.x); item < kTileRows * kChunks; item += kBlockThreads) {
     const int r = item / kChunks, chunk = item % kChunks;
@@ -155,26 +141,34 @@ __device__ void stage_query_tile(uint16_t* q_hi, uint16_t* q_lo, const Attention
       const int d = chunk * 8 + e;
       x[e] = query != nullptr && d < a.head_dim ? query[d] : 0.0f;
     }
-    uint4 hi, lo;
-    split_chunk(x, hi, lo);
-    *reinterpret_cast<uint4*>(q_hi + swizzled<kDim>(r, chunk)) = hi;
-    *reinterpret_cast<uint4*>(q_lo + swizzled<kDim>(r, chunk)) = lo;
+    *reinterpret_cast<uint4*>(q_tile + swizzled<kDim>(r, chunk)) = bf16_chunk(x);
   }
 }
 
+// Keys [first_key, first_key + kTileKeys) of KV head kv from plane `which` (0 = K, 1 = V) into a swizzled
+// shared-memory tile, by cp.async (one commit group).
+template <int kDim, int kTileKeys, int kBlockThreads>
+__device__ void load_kv_tile(uint16_t* tile, const AttentionArgs& a, const KvPlanes& p, int which, int kv,
+                             int64_t first_key) {
+  constexpr int kChunks = kDim / 8;
+  const int64_t plane_elements = int64_t{a.num_kv_heads} * p.padded_rows * kDim;
+  const uint16_t* const plane = p.planes + which * plane_elements + (kv * p.padded_rows + first_key) * kDim;
+  for (int item = static_cast<int>(threadIdx.x); item < kTileKeys * kChunks; item += kBlockThreads) {
+    const int key = item / kChunks, chunk = item % kChunks;
+    cp_async_16(tile + swizzled<kDim>(key, chunk), plane + key * kDim + chunk * 8);
+  }
+  cp_async_commit();
+}
+
 template <int kDim>
-__global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a, SplitKvPlanes p) {
+__global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a, KvPlanes p) {
   wait_for_previous_kernel();
   allow_next_kernel();
-  constexpr int kChunks = kDim / 8;
   constexpr int kDimTiles = kDim / 8;
   extern __shared__ uint4 shared_words[];
-  auto* const q_hi = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* const q_lo = q_hi + kRows * kDim;
-  uint16_t* const k_hi = q_lo + kRows * kDim;
-  uint16_t* const k_lo = k_hi + kKeyTile * kDim;
-  uint16_t* const v_hi = k_lo + kKeyTile * kDim;
-  uint16_t* const v_lo = v_hi + kKeyTile * kDim;
+  auto* const q_tile = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* const k_tile = q_tile + kRows * kDim;
+  uint16_t* const v_tile = k_tile + kKeyTile * kDim;
   __shared__ int warp_keys[kWarps];
 
   const int row_tiles = static_cast<int>((a.tokens * a.heads_per_kv + kRows - 1) / kRows);
@@ -201,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
   }
   if (lane == 0) warp_keys[warp] = most;
 
-  stage_query_tile<kDim, kRows, kThreads>(q_hi, q_lo, a, kv, tile_first_row, rows);
+  stage_query_tile<kDim, kRows, kThreads>(q_tile, a, kv, tile_first_row, rows);
   __syncthreads();
   int block_keys = 0;
 #pragma unroll
@@ -210,20 +204,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
   const int64_t row_limit[2] = {row_keys[0] < range.end ? row_keys[0] : range.end,
                                 row_keys[1] < range.end ? row_keys[1] : range.end};
 
-  const int64_t plane_elements = int64_t{a.num_kv_heads} * p.padded_rows * kDim;
-  const uint16_t* const planes[4] = {p.planes, p.planes + plane_elements, p.planes + 2 * plane_elements,
-                                     p.planes + 3 * plane_elements};
   auto load_tile = [&](int which, int64_t first_key) {  // which: 0 = K, 1 = V
-    uint16_t* hi = which == 0 ? k_hi : v_hi;
-    uint16_t* lo = which == 0 ? k_lo : v_lo;
-    const int64_t base = (kv * p.padded_rows + first_key) * kDim;
-    for (int item = static_cast<int>(threadIdx.x); item < kKeyTile * kChunks; item += kThreads) {
-      const int key = item / kChunks, chunk = item % kChunks;
-      const int64_t source = base + int64_t{key} * kDim + chunk * 8;
-      cp_async_16(hi + swizzled<kDim>(key, chunk), planes[2 * which] + source);
-      cp_async_16(lo + swizzled<kDim>(key, chunk), planes[2 * which + 1] + source);
-    }
-    cp_async_commit();
+    load_kv_tile<kDim, kKeyTile, kThreads>(which == 0 ? k_tile : v_tile, a, p, which, kv, first_key);
   };
 
   float out[kDimTiles][4];
@@ -243,22 +225,23 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     float scores[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int kk = 0; kk < kDim / 16; ++kk) {
-      uint32_t qh[4], ql[4], kh[4], kl[4];
-      const int q_offset = swizzled<kDim>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4));
-      ldmatrix_x4(qh, q_hi + q_offset);
-      ldmatrix_x4(ql, q_lo + q_offset);
-      const int k_offset = swizzled<kDim>((lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
-      ldmatrix_x4(kh, k_hi + k_offset);
-      ldmatrix_x4(kl, k_lo + k_offset);
-      mma_split(scores[0], qh, ql, kh[0], kh[1], kl[0], kl[1]);
-      mma_split(scores[1], qh, ql, kh[2], kh[3], kl[2], kl[3]);
+      uint32_t qf[4], kf[4];
+      ldmatrix_x4(qf, q_tile + swizzled<kDim>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      ldmatrix_x4(kf, k_tile + swizzled<kDim>((lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+      mma_bf16(scores[0], qf, kf[0], kf[1]);
+      mma_bf16(scores[1], qf, kf[2], kf[3]);
     }
 
     // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
-    float correction[2];
-    uint32_t p_hi[4], p_lo[4];
-    online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction, p_hi,
-                        p_lo);
+    float correction[2], weights[2][4];
+    online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction,
+                        weights);
+    uint32_t pf[4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      pf[2 * n] = bf16_pair(weights[n][0], weights[n][1]);
+      pf[2 * n + 1] = bf16_pair(weights[n][2], weights[n][3]);
+    }
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) {
       out[n][0] *= correction[0];
@@ -274,12 +257,11 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
       // O += P V: per pair of n8 dim tiles, V^T fragments by transposing ldmatrix.
 #pragma unroll
     for (int dp = 0; dp < kDim / 16; ++dp) {
-      uint32_t vh[4], vl[4];
-      const int v_offset = swizzled<kDim>((lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4));
-      ldmatrix_x4_trans(vh, v_hi + v_offset);
-      ldmatrix_x4_trans(vl, v_lo + v_offset);
-      mma_split(out[2 * dp], p_hi, p_lo, vh[0], vh[1], vl[0], vl[1]);
-      mma_split(out[2 * dp + 1], p_hi, p_lo, vh[2], vh[3], vl[2], vl[3]);
+      uint32_t vf[4];
+      ldmatrix_x4_trans(vf,
+                        v_tile + swizzled<kDim>((lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
+      mma_bf16(out[2 * dp], pf, vf[0], vf[1]);
+      mma_bf16(out[2 * dp + 1], pf, vf[2], vf[3]);
     }
   }
 
@@ -327,21 +309,17 @@ __device__ inline void pair_barrier(int id) {
 
 template <int kDim>
 __global__ void __launch_bounds__(kPairThreads, 1)
-    attention_prefill_pair_kernel(AttentionArgs a, SplitKvPlanes p) {
+    attention_prefill_pair_kernel(AttentionArgs a, KvPlanes p) {
   wait_for_previous_kernel();
   allow_next_kernel();
-  constexpr int kChunks = kDim / 8;
   constexpr int kHalfDim = kDim / 2;        // the dims of one warp's scores and outputs
   constexpr int kHalfTiles = kHalfDim / 8;  // its n8 output tiles
   constexpr int kScoreTiles = kPairKeyTile / 8;
   extern __shared__ uint4 shared_words[];
-  auto* const q_hi = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* const q_lo = q_hi + kPairRows * kDim;
-  uint16_t* const k_hi = q_lo + kPairRows * kDim;
-  uint16_t* const k_lo = k_hi + kPairKeyTile * kDim;
-  uint16_t* const v_hi = k_lo + kPairKeyTile * kDim;
-  uint16_t* const v_lo = v_hi + kPairKeyTile * kDim;
-  auto* const exchange = reinterpret_cast<float4*>(v_lo + kPairKeyTile * kDim);
+  auto* const q_tile = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* const k_tile = q_tile + kPairRows * kDim;
+  uint16_t* const v_tile = k_tile + kPairKeyTile * kDim;
+  auto* const exchange = reinterpret_cast<float4*>(v_tile + kPairKeyTile * kDim);
   __shared__ int warp_keys[kPairWarps];
 
   const int row_tiles = static_cast<int>((a.tokens * a.heads_per_kv + kPairRows - 1) / kPairRows);
@@ -376,7 +354,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   }
   if (lane == 0) warp_keys[warp] = warp_most;
 
-  stage_query_tile<kDim, kPairRows, kPairThreads>(q_hi, q_lo, a, kv, tile_first_row, rows);
+  stage_query_tile<kDim, kPairRows, kPairThreads>(q_tile, a, kv, tile_first_row, rows);
   __syncthreads();
   int block_keys = 0;
 #pragma unroll
@@ -389,19 +367,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
     for (int h = 0; h < 2; ++h) row_keys[i][h] = row_keys[i][h] < range_end ? row_keys[i][h] : range_end;
 
   auto load_tile = [&](int which, int first_key) {  // which: 0 = K, 1 = V
-    uint16_t* hi = which == 0 ? k_hi : v_hi;
-    uint16_t* lo = which == 0 ? k_lo : v_lo;
-    const int64_t plane_elements = int64_t{a.num_kv_heads} * p.padded_rows * kDim;
-    const uint16_t* const source_hi =
-        p.planes + 2 * which * plane_elements + (kv * p.padded_rows + first_key) * kDim;
-    const uint16_t* const source_lo = source_hi + plane_elements;
-    for (int item = static_cast<int>(threadIdx.x); item < kPairKeyTile * kChunks; item += kPairThreads) {
-      const int key = item / kChunks, chunk = item % kChunks;
-      const int source = key * kDim + chunk * 8;
-      cp_async_16(hi + swizzled<kDim>(key, chunk), source_hi + source);
-      cp_async_16(lo + swizzled<kDim>(key, chunk), source_lo + source);
-    }
-    cp_async_commit();
+    load_kv_tile<kDim, kPairKeyTile, kPairThreads>(which == 0 ? k_tile : v_tile, a, p, which, kv, first_key);
   };
 
   float out[2][kHalfTiles][4];
@@ -436,27 +402,23 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 #pragma unroll
       for (int n = 0; n < kScoreTiles; ++n)
         scores[i][n][0] = scores[i][n][1] = scores[i][n][2] = scores[i][n][3] = 0.0f;
-#pragma unroll 2  // fully unrolled, ptxas spills twice as much (255 registers either way)
+#pragma unroll 2  // fully unrolled, ptxas spills more (255 registers either way)
     for (int kk = 0; kk < kHalfDim / 16; ++kk) {
       const int chunk = first_chunk + 2 * kk;
-      uint32_t qh[2][4], ql[2][4];
+      uint32_t qf[2][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int q_offset = swizzled<kDim>(warp_first_row + 16 * i + (lane & 15), chunk + (lane >> 4));
-        ldmatrix_x4(qh[i], q_hi + q_offset);
-        ldmatrix_x4(ql[i], q_lo + q_offset);
-      }
+      for (int i = 0; i < 2; ++i)
+        ldmatrix_x4(qf[i],
+                    q_tile + swizzled<kDim>(warp_first_row + 16 * i + (lane & 15), chunk + (lane >> 4)));
 #pragma unroll
       for (int j = 0; j < kPairKeyTile / 16; ++j) {
-        uint32_t kh[4], kl[4];
-        const int k_offset =
-            swizzled<kDim>(16 * j + (lane & 7) + ((lane >> 4) << 3), chunk + ((lane >> 3) & 1));
-        ldmatrix_x4(kh, k_hi + k_offset);
-        ldmatrix_x4(kl, k_lo + k_offset);
+        uint32_t kf[4];
+        ldmatrix_x4(
+            kf, k_tile + swizzled<kDim>(16 * j + (lane & 7) + ((lane >> 4) << 3), chunk + ((lane >> 3) & 1)));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mma_split(scores[i][2 * j], qh[i], ql[i], kh[0], kh[1], kl[0], kl[1]);
-          mma_split(scores[i][2 * j + 1], qh[i], ql[i], kh[2], kh[3], kl[2], kl[3]);
+          mma_bf16(scores[i][2 * j], qf[i], kf[0], kf[1]);
+          mma_bf16(scores[i][2 * j + 1], qf[i], kf[2], kf[3]);
         }
       }
     }
@@ -526,7 +488,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
       // fragments by transposing ldmatrix, each feeding the 2 row tiles.
 #pragma unroll
     for (int c = 0; c < kPairKeyTile / 16; ++c) {
-      uint32_t p_hi[2][4], p_lo[2][4];
+      uint32_t pf[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -538,20 +500,18 @@ __global__ void __launch_bounds__(kPairThreads, 1)
             weight[e] = exp2f(fmaf(scores[i][n][e], scale_log2, -max_scaled[i][e / 2]));
             total[i][e / 2] += weight[e];
           }
-          split_pair(weight[0], weight[1], p_hi[i][2 * half_tile], p_lo[i][2 * half_tile]);
-          split_pair(weight[2], weight[3], p_hi[i][2 * half_tile + 1], p_lo[i][2 * half_tile + 1]);
+          pf[i][2 * half_tile] = bf16_pair(weight[0], weight[1]);
+          pf[i][2 * half_tile + 1] = bf16_pair(weight[2], weight[3]);
         }
 #pragma unroll
       for (int dp = 0; dp < kHalfDim / 16; ++dp) {
-        uint32_t vh[4], vl[4];
-        const int v_offset = swizzled<kDim>(16 * c + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                            first_chunk + 2 * dp + (lane >> 4));
-        ldmatrix_x4_trans(vh, v_hi + v_offset);
-        ldmatrix_x4_trans(vl, v_lo + v_offset);
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_tile + swizzled<kDim>(16 * c + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                      first_chunk + 2 * dp + (lane >> 4)));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mma_split(out[i][2 * dp], p_hi[i], p_lo[i], vh[0], vh[1], vl[0], vl[1]);
-          mma_split(out[i][2 * dp + 1], p_hi[i], p_lo[i], vh[2], vh[3], vl[2], vl[3]);
+          mma_bf16(out[i][2 * dp], pf[i], vf[0], vf[1]);
+          mma_bf16(out[i][2 * dp + 1], pf[i], vf[2], vf[3]);
         }
       }
     }
@@ -598,13 +558,22 @@ __global__ void __launch_bounds__(kPairThreads, 1)
     }
 }
 
+// Whether QSPEC_PREFILL_ATTENTION=rows64 asks for the 64-row kernel on every GPU (to test it where the
+// paired kernel fits); read once.
+bool rows64_kernel_forced() {
+  static const bool forced = [] {
+    const char* setting = std::getenv("QSPEC_PREFILL_ATTENTION");
+    return setting != nullptr && std::string_view(setting) == "rows64";
+  }();
+  return forced;
+}
+
 // The paired kernel where this GPU gives a block its shared memory (Q, K and V tiles, the score exchange, and
 // the static warp_keys), else the 64-row kernel.
 template <int kDim>
-cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes& planes,
-                                  cudaStream_t stream) {
-  constexpr size_t pair_shared_bytes = sizeof(uint16_t) * 2 * (kPairRows + 2 * kPairKeyTile) * kDim +
-                                       sizeof(float) * kPairWarps * kExchangeFloats;
+cudaError_t launch_prefill_kernel(const AttentionArgs& args, const KvPlanes& planes, cudaStream_t stream) {
+  constexpr size_t pair_shared_bytes =
+      sizeof(uint16_t) * (kPairRows + 2 * kPairKeyTile) * kDim + sizeof(float) * kPairWarps * kExchangeFloats;
   static const bool pair_fits = [] {
     int device = 0, limit = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -612,7 +581,7 @@ cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes
       return false;
     return pair_shared_bytes + sizeof(int) * kPairWarps <= static_cast<size_t>(limit);
   }();
-  if (pair_fits) {
+  if (pair_fits && !rows64_kernel_forced()) {
     static const cudaError_t attribute =
         cudaFuncSetAttribute(attention_prefill_pair_kernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(pair_shared_bytes));
@@ -622,7 +591,7 @@ cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes
     return launch_kernel(attention_prefill_pair_kernel<kDim>, grid, kPairThreads, pair_shared_bytes, stream,
                          args, planes);
   }
-  constexpr size_t shared_bytes = sizeof(uint16_t) * 2 * (kRows + 2 * kKeyTile) * kDim;
+  constexpr size_t shared_bytes = sizeof(uint16_t) * (kRows + 2 * kKeyTile) * kDim;
   static const cudaError_t attribute =
       cudaFuncSetAttribute(attention_prefill_kernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(shared_bytes));
@@ -634,8 +603,7 @@ cudaError_t launch_prefill_kernel(const AttentionArgs& args, const SplitKvPlanes
 
 }  // namespace
 
-cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPlanes& planes,
-                                     cudaStream_t stream) {
+cudaError_t launch_attention_prefill(const AttentionArgs& args, const KvPlanes& planes, cudaStream_t stream) {
   if (const cudaError_t status =
           launch_kernel(attention_key_count_kernel, 1, 1024, 0, stream, args, planes.key_count);
       status != cudaSuccess)
@@ -645,7 +613,7 @@ cudaError_t launch_attention_prefill(const AttentionArgs& args, const SplitKvPla
   const int64_t blocks = (items + kConvertBlock - 1) / kConvertBlock;
   constexpr int64_t kMaxConvertBlocks = 8 * 132;  // grid-stride beyond: a few waves of the largest GPU
   if (const cudaError_t status =
-          launch_kernel(attention_split_kv_kernel,
+          launch_kernel(attention_kv_to_bf16_kernel,
                         static_cast<unsigned>(blocks < kMaxConvertBlocks ? blocks : kMaxConvertBlocks),
                         kConvertBlock, 0, stream, args, planes);
       status != cudaSuccess)

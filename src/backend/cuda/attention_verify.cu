@@ -172,10 +172,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
       }
 
       // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
-      float correction[2];
-      uint32_t p_hi[4], p_lo[4];
+      float correction[2], weights[2][4];
       online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction,
-                          p_hi, p_lo);
+                          weights);
+      uint32_t p_hi[4], p_lo[4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        split_pair(weights[n][0], weights[n][1], p_hi[2 * n], p_lo[2 * n]);
+        split_pair(weights[n][2], weights[n][3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
+      }
 #pragma unroll
       for (int n = 0; n < kDim / 8; ++n) {
         out[n][0] *= correction[0];

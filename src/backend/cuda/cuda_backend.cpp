@@ -436,7 +436,7 @@ class CudaBackend final : public Backend {
   PinnedHostMemory staging_;  // host bytes of write() in flight, made on first use
   size_t staging_used_ = 0;
   uint64_t workspace_generation_ = 0;  // bumped by grow()
-  DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 hi/lo K/V
+  DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 K/V
   DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters

@@ -33,6 +33,12 @@ __device__ inline void bf16x8_to_float(const uint4 raw, float (&out)[8]) {
   }
 }
 
+// (low, high) rounded to BF16 as one 32-bit pair, low in the low half.
+__device__ inline uint32_t bf16_pair(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
 // A ticket: the arrival count at `counter` before this one. Release: what this thread (or the block / warp
 // ordered before it by a barrier) stored is visible to whoever acquires a later ticket; acquire: the last
 // arrival sees what every earlier one stored. No full fence: one waits for every access in flight.

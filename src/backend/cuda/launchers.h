@@ -109,11 +109,11 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
                                       cudaStream_t stream);
 
 // attention.cu (+ attention_rows.cu, attention_prefill.cu): one block per (KV head, key split) serves all
-// query rows of the KV head (tokens x grouped heads); FP32 for up to 64 such rows (decode, verify),
-// split-BF16 tensor cores (~1e-5 relative to FP32) for more (prefill). A position outside the cache gives NaN
-// output rows. head_dim <= kMaxAttentionHeadDim. `workspace` holds attention_workspace_bytes(...) bytes
-// (256-byte aligned): split partials, and for prefill the K/V cache rows converted to BF16 hi/lo (as large as
-// the two caches).
+// query rows of the KV head (tokens x grouped heads); FP32 or split-BF16 tensor cores (~1e-5 relative to
+// FP32) for up to 64 such rows (decode, verify), BF16 tensor cores (~1e-3 of the largest output, as the
+// prefill's BF16 linears) for more (prefill). A position outside the cache gives NaN output rows. head_dim <=
+// kMaxAttentionHeadDim. `workspace` holds attention_workspace_bytes(...) bytes (256-byte aligned): split
+// partials, and for prefill the K/V cache rows converted to BF16 (half as large as the two caches).
 inline constexpr int kMaxAttentionHeadDim = 256;
 size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                                  const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim);

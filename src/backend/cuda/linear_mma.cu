@@ -101,11 +101,6 @@ __device__ inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
-__device__ inline uint32_t bf16_pair(float low, float high) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 __device__ inline float bf16_low(uint32_t pair) {
   return __uint_as_float(pair << 16);
 }
