@@ -444,7 +444,8 @@ TEST(CudaOps, RowsToBf16) {
     const std::vector<uint16_t> poison(count, 0xFFFF);  // BF16 NaN
     b.gpu().write(out->tensor(), poison.data());
     b.gpu().synchronize();
-    ASSERT_EQ(cuda::launch_rows_to_bf16(out->tensor().data, x.gpu().cols_view(c.first_col, c.cols), nullptr),
+    ASSERT_EQ(cuda::launch_rows_to_bf16(out->tensor().data, x.gpu().cols_view(c.first_col, c.cols), nullptr,
+                                        nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
     std::vector<uint16_t> bits(count);
@@ -598,6 +599,25 @@ TEST(CudaOps, LinearRowsIndependentOfRowHalves) {
   }
 }
 
+// An MLP weight [n, k] on both backends: BF16 (group 0) or W4A16 g`group` with scales of scale_dtype; the
+// buffers stay in `keep`.
+std::pair<LinearWeight, LinearWeight> random_mlp_weight(std::mt19937& rng, int64_t n, int64_t k, int group,
+                                                        DType scale_dtype, std::vector<WeightPair>& keep) {
+  auto& b = backends();
+  LinearWeight cpu{n, k, {}, {}, {}, group}, gpu = cpu;
+  if (group == 0) {
+    keep.push_back(b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f)));
+    cpu.weight = keep.back().cpu, gpu.weight = keep.back().gpu;
+    return {cpu, gpu};
+  }
+  keep.push_back(random_packed_int4(rng, n, k));
+  cpu.packed = keep.back().cpu, gpu.packed = keep.back().gpu;
+  const int64_t groups = (k + group - 1) / group;
+  keep.push_back(b.weight(scale_dtype, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f)));
+  cpu.scales = keep.back().cpu, gpu.scales = keep.back().gpu;
+  return {cpu, gpu};
+}
+
 // The gated MLP (Backend::mlp): at one row the CUDA backend's down projection makes silu(gate) * up while it
 // stages x (no silu_mul launch), which must give the three ops' values bit for bit (linear, silu_mul, linear
 // on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone; all of it against the CPU
@@ -615,25 +635,11 @@ TEST(CudaOps, Mlp) {
   for (const Case& c :
        {Case{2560, 9216, 32, DType::BF16}, Case{2560, 9728, 128, DType::BF16}, Case{384, 640, 32, DType::F16},
         Case{2560, 9216, 0, DType::BF16}, Case{2592, 1000, 32, DType::BF16}}) {
-    auto make_weight = [&](int64_t n, int64_t k, std::vector<WeightPair>& keep) {
-      LinearWeight cpu{n, k, {}, {}, {}, c.group}, gpu = cpu;
-      if (c.group == 0) {
-        const WeightPair& weight =
-            keep.emplace_back(b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f)));
-        cpu.weight = weight.cpu, gpu.weight = weight.gpu;
-        return std::pair{cpu, gpu};
-      }
-      const WeightPair& packed = keep.emplace_back(random_packed_int4(rng, n, k));
-      const int64_t groups = (k + c.group - 1) / c.group;
-      const WeightPair& scales = keep.emplace_back(
-          b.weight(c.scale_dtype, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f)));
-      cpu.packed = packed.cpu, cpu.scales = scales.cpu, gpu.packed = packed.gpu, gpu.scales = scales.gpu;
-      return std::pair{cpu, gpu};
-    };
     std::vector<WeightPair> keep;
-    keep.reserve(4);
-    const auto [gate_up_cpu, gate_up_gpu] = make_weight(2 * c.intermediate, c.hidden, keep);
-    const auto [down_cpu, down_gpu] = make_weight(c.hidden, c.intermediate, keep);
+    const auto [gate_up_cpu, gate_up_gpu] =
+        random_mlp_weight(rng, 2 * c.intermediate, c.hidden, c.group, c.scale_dtype, keep);
+    const auto [down_cpu, down_gpu] =
+        random_mlp_weight(rng, c.hidden, c.intermediate, c.group, c.scale_dtype, keep);
     const TensorPair x = b.activation(kRows, c.hidden, random_floats(rng, kRows * c.hidden, -1.0f, 1.0f));
     TensorPair gate_up = b.poisoned(kRows, 2 * c.intermediate), act = b.poisoned(kRows, c.intermediate);
     TensorPair together = b.poisoned(kRows, c.hidden), alone = b.poisoned(kRows, c.hidden);
@@ -667,6 +673,48 @@ TEST(CudaOps, Mlp) {
                  b.read_gpu(three_alone.gpu()), kExact);
     expect_close("mlp", label + " M=16 rows vs M=1 each", b.read_gpu(together.gpu()), b.read_gpu(alone.gpu()),
                  kExact);
+  }
+}
+
+// Prefill rows (more than kLinearMmaMaxRows): the CUDA backend makes the down projection's BF16 operand from
+// gate_up in one pass (GemmLinear::run_gated, act unused), which must give what linear after silu_mul gives
+// on the GPU, bit for bit; against the CPU, two BF16 products in a row. Cases: the 4B's W4A16 g32 MLP, BF16
+// weights with I = 1003 (gate_up rows not 16-byte aligned: the element-wise conversion), W4A16 with F16
+// scales.
+TEST(CudaOps, MlpManyRows) {
+  std::mt19937 rng(64);
+  auto& b = backends();
+  constexpr int64_t kRows = 200;
+  struct Case {
+    int64_t hidden, intermediate;
+    int group;  // 0: BF16 weights
+    DType scale_dtype;
+  };
+  for (const Case& c : {Case{2560, 9216, 32, DType::BF16}, Case{384, 1003, 0, DType::BF16},
+                        Case{2592, 1000, 32, DType::F16}}) {
+    std::vector<WeightPair> keep;
+    const auto [gate_up_cpu, gate_up_gpu] =
+        random_mlp_weight(rng, 2 * c.intermediate, c.hidden, c.group, c.scale_dtype, keep);
+    const auto [down_cpu, down_gpu] =
+        random_mlp_weight(rng, c.hidden, c.intermediate, c.group, c.scale_dtype, keep);
+    const TensorPair x = b.activation(kRows, c.hidden, random_floats(rng, kRows * c.hidden, -1.0f, 1.0f));
+    TensorPair gate_up = b.poisoned(kRows, 2 * c.intermediate), act = b.poisoned(kRows, c.intermediate);
+    TensorPair together = b.poisoned(kRows, c.hidden), three = b.poisoned(kRows, c.hidden);
+    on_both([&](const Side& s) {
+      s.backend.mlp(s(together), s(gate_up), s(act), s(x), s.gpu ? gate_up_gpu : gate_up_cpu,
+                    s.gpu ? down_gpu : down_cpu);
+    });
+    b.gpu().linear(gate_up.gpu(), x.gpu(), gate_up_gpu);
+    b.gpu().silu_mul(act.gpu(), gate_up.gpu().cols_view(0, c.intermediate),
+                     gate_up.gpu().cols_view(c.intermediate, c.intermediate));
+    b.gpu().linear(three.gpu(), act.gpu(), down_gpu);
+    const std::string label = fmt::format(
+        "mlp {} H={} I={} M={}",
+        c.group == 0 ? "BF16" : fmt::format("W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)),
+        c.hidden, c.intermediate, kRows);
+    compare("mlp", label, together, 2 * kGemmLinearTolerance);
+    expect_close("mlp", label + " vs linear, silu_mul, linear", b.read_gpu(together.gpu()),
+                 b.read_gpu(three.gpu()), kExact);
   }
 }
 
@@ -811,13 +859,15 @@ TEST(CudaOps, KvStore) {
 // The arithmetic of the CUDA attention kernel a case takes (attention.cu): FP32 when rows are 16-byte
 // aligned and the query rows of one KV head (tokens x grouped heads) number at most 4 (decode), or at most
 // 64 (verify) with a head_dim the tensor-core verify kernel does not take; split-BF16 tensor cores for the
-// other verify cases; BF16 tensor cores for prefill (more rows, or misaligned rows).
+// other verify cases and for prefill (more rows, or misaligned rows) of up to kLinearMmaMaxRows tokens;
+// BF16 tensor cores for longer prefill chunks.
 enum class AttentionArithmetic { Fp32, SplitBf16, Bf16 };
 
 AttentionArithmetic attention_arithmetic(int tokens, int heads, int kv_heads, int head_dim, bool aligned) {
   const int rows = tokens * (heads / kv_heads);
   const bool verify_mma_head_dim = head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
-  if (!aligned || head_dim % 4 != 0 || rows > 64) return AttentionArithmetic::Bf16;
+  if (!aligned || head_dim % 4 != 0 || rows > 64)
+    return tokens > cuda::kLinearMmaMaxRows ? AttentionArithmetic::Bf16 : AttentionArithmetic::SplitBf16;
   return rows <= 4 || !verify_mma_head_dim ? AttentionArithmetic::Fp32 : AttentionArithmetic::SplitBf16;
 }
 
@@ -831,9 +881,9 @@ constexpr double kAttentionLongContextTolerance = 5e-5;
 // lo*lo, FP32 sums. A float64 simulation of this arithmetic on these data gives 6e-6..1.2e-5 (scores up to
 // ~11); the rest is margin.
 constexpr double kAttentionTensorCoreTolerance = 5e-5;
-// BF16 tensor cores (prefill): q, k, p and v rounded to BF16 once, FP32 sums and softmax. A float64
-// simulation of this arithmetic on data like these (65-2048 tokens from position 0, q in [-3, 3] or
-// [-8, 8], k and v in [-1, 1]) gives 3.2e-3..7.9e-3 of the largest output.
+// BF16 tensor cores (prefill chunks of more than kLinearMmaMaxRows tokens): q, k, p and v rounded to BF16
+// once, FP32 sums and softmax. A float64 simulation of this arithmetic on data like these (65-2048 tokens
+// from position 0, q in [-3, 3] or [-8, 8], k and v in [-1, 1]) gives 3.2e-3..7.9e-3 of the largest output.
 constexpr double kAttentionBf16Tolerance = 2e-2;
 
 double attention_tolerance(AttentionArithmetic arithmetic, bool long_context) {

@@ -3,7 +3,8 @@
 //   decode  (<= 4 rows, 16-byte aligned rows):  attention_rows.cu, FP32, memory-bound
 //   verify  (<= 64 rows, 16-byte aligned rows):  attention_verify.cu, split-BF16 tensor cores, for head_dim
 //           32/64/128/256 where its shared memory fits; else attention_rows.cu, FP32
-//   prefill (otherwise):                         attention_prefill.cu, BF16 tensor cores
+//   prefill (otherwise):                         attention_prefill.cu, split-BF16 tensor cores up to 128
+//           tokens, BF16 beyond (as the linears)
 // The positions live on the device, so the host sizes the grid by the cache's capacity: each block derives
 // its keys from the positions and splits them evenly (attention_kernels.cuh), and blocks past the context
 // finish at once. Merge: with many splits (decode, verify) a block per (query row, head, 32 dims) whose
@@ -40,6 +41,7 @@ struct Plan {
   int splits;
   int padded_dim;           // prefill: head_dim rounded up to 64, 128 or 256
   int64_t padded_rows;      // prefill: cache rows rounded up to a key tile
+  int parts;                // prefill: BF16 parts per operand (KvPlanes)
   size_t partials_bytes;    // split partials, at the workspace's start
   size_t key_count_offset;  // prefill: one int
   size_t planes_offset;     // prefill: the BF16 K/V planes
@@ -91,6 +93,10 @@ Plan plan_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, c
     plan.splits = splits_for(blocks, kPrefillTargetBlocks, cache_rows, kPrefillMinKeysPerSplit);
     plan.padded_dim = head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256);
     plan.padded_rows = (cache_rows + kPrefillKeyTile - 1) / kPrefillKeyTile * kPrefillKeyTile;
+    // Split BF16 (~1e-5 of FP32) for chunks that the linears take in their FP32-class kernels; longer
+    // chunks, whose linears are BF16 products (cuBLAS), round q, k, v and p to BF16 once: a third of the
+    // tensor-core work (attention_prefill.cu).
+    plan.parts = q.rows <= kLinearMmaMaxRows ? 2 : 1;
   }
   plan.partials_bytes =
       plan.splits == 1
@@ -100,7 +106,7 @@ Plan plan_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, c
   if (plan.regime == Regime::kPrefill) {
     plan.key_count_offset = plan.bytes;
     plan.planes_offset = plan.bytes + kWorkspaceAlignment;
-    plan.bytes = plan.planes_offset + sizeof(uint16_t) * 2 * static_cast<size_t>(num_kv_heads) *
+    plan.bytes = plan.planes_offset + sizeof(uint16_t) * 2 * static_cast<size_t>(plan.parts * num_kv_heads) *
                                           static_cast<size_t>(plan.padded_rows) *
                                           static_cast<size_t>(plan.padded_dim);
   }
@@ -250,7 +256,8 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
       break;
     case Regime::kPrefill: {
       const KvPlanes planes{reinterpret_cast<uint16_t*>(base + plan.planes_offset), plan.padded_rows,
-                            plan.padded_dim, reinterpret_cast<int*>(base + plan.key_count_offset)};
+                            plan.padded_dim, plan.parts,
+                            reinterpret_cast<int*>(base + plan.key_count_offset)};
       status = launch_attention_prefill(args, planes, stream);
       break;
     }

@@ -40,12 +40,14 @@ struct AttentionArgs {
   float* partials;  // [tokens * num_heads * splits][2 + head_dim] when splits > 1
 };
 
-// The K and V caches converted for the prefill kernel: 2 planes (K, V), each
+// The K and V caches converted for the prefill kernel: 2 * parts planes (K parts, then V parts), each
 // [num_kv_heads][padded_rows][padded_dim] BF16; zeros past head_dim and past the last key any query row sees.
+// One part: x rounded to BF16; two: split BF16, hi = bf16(x) and lo = bf16(x - hi).
 struct KvPlanes {
   uint16_t* planes;
   int64_t padded_rows;
   int padded_dim;
+  int parts;
   int* key_count;  // max over the rows of (position + 1), 0 for invalid positions
 };
 

@@ -1,11 +1,15 @@
-// Attention of many query rows (prefill) on tensor cores, flash-attention style, in BF16: q, k, v and the
-// softmax weights p are each rounded to BF16 once (8 significant bits), the products Q K^T and P V are
-// accumulated in FP32 (mma.sync m16n8k16, sm_80+), and the softmax (running max, exponentials, totals) is
-// FP32. This is the precision of FlashAttention's BF16 path and of the prefill's linears (cuBLAS BF16, x and
-// weights rounded to BF16); ~2^-9 relative per term, ~1e-3 of the largest output. Decode and verify keep
-// FP32 or split-BF16 arithmetic (attention_rows.cu, attention_verify.cu): a verify step must give the logits
-// of single decode steps. Split BF16 here (3 products each) cost 3x the tensor-core work and twice the
-// shared-memory traffic (session 9: bench/results/cuda-ops-notes.md).
+// Attention of many query rows (prefill) on tensor cores, flash-attention style (mma.sync m16n8k16, FP32
+// accumulation, sm_80+), with the operands q, k, v and the softmax weights p in kParts BF16 parts, chosen
+// per call (attention.cu) to match the precision of the chunk's linears:
+//  - up to 128 tokens (the linears' FP32-class kernels): split BF16, x = hi + lo with hi = bf16(x) and
+//    lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x), each product hi*hi + hi*lo + lo*hi: within ~1e-5 of the
+//    FP32 CPU op. None of the three can go: a row that sees 2 keys has weights 1 and p, and either p's or
+//    v's lo part weighs ~2^-9 of the output.
+//  - longer chunks (the linears are cuBLAS BF16 products, x and weights rounded to BF16): each operand
+//    rounded to BF16 once and one mma per product, FlashAttention's BF16 precision (~2^-9 relative per
+//    term, a few 1e-3 of the largest output), a third of the tensor-core work and half the shared-memory
+//    traffic: prefill of 8,192 tokens 188 -> 170 ms on the H200 (session 9).
+// The softmax (running max, exponentials, totals) is FP32 either way.
 //
 // Three launches: the key count (max position + 1 over the rows), the conversion of K/V rows below it into
 // BF16 planes in the workspace (zeros past head_dim and past the last key, so the last tile is finite), and
@@ -20,7 +24,7 @@
 // the keys in tiles of 32. Warps 2r and 2r+1 share 32 rows: each computes the scores over its half of the
 // dims (Q K^T partial sums), they swap the partial 32 x 32 scores through shared memory (4 KB each way), and
 // each accumulates P V for its half of the dims (32 rows x 128 dims = 128 registers): ldmatrix traffic per
-// mma is about half the 64-row kernel's.
+// mma is about half the 64-row kernel's (shared-memory traffic bounds these kernels, not the tensor cores).
 // Fallback kernel (sm_80/86/89, or QSPEC_PREFILL_ATTENTION=rows64 for testing it): a block of 4 warps takes
 // 64 rows, 16 rows per warp, keys in tiles of 16.
 #include <cuda_bf16.h>
@@ -51,10 +55,43 @@ constexpr int kPairWarpRows = 32;
 constexpr int kExchangeFloats = kPairWarpRows * kPairKeyTile;  // one warp's partial scores
 static_assert(kPairWarps / 2 * kPairWarpRows == kPairRows && kPairKeyTile % kKeyTile == 0);
 
-// 8 floats -> 16 bytes of BF16.
-__device__ inline uint4 bf16_chunk(const float (&x)[8]) {
-  return make_uint4(bf16_pair(x[0], x[1]), bf16_pair(x[2], x[3]), bf16_pair(x[4], x[5]),
-                    bf16_pair(x[6], x[7]));
+// ---- the operands in kParts BF16 parts: one (x rounded to BF16) or two (split: hi = bf16(x), lo =
+// bf16(x - hi)). A tile of kParts parts keeps them one after another, part_stride elements apart.
+
+// 8 floats as 16 bytes per part at dst (part p at dst + p * part_stride).
+template <int kParts>
+__device__ inline void store_chunk(uint16_t* dst, int64_t part_stride, const float (&x)[8]) {
+  if constexpr (kParts == 1) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(bf16_pair(x[0], x[1]), bf16_pair(x[2], x[3]),
+                                                bf16_pair(x[4], x[5]), bf16_pair(x[6], x[7]));
+  } else {
+    uint4 hi, lo;
+    split_pair(x[0], x[1], hi.x, lo.x);
+    split_pair(x[2], x[3], hi.y, lo.y);
+    split_pair(x[4], x[5], hi.z, lo.z);
+    split_pair(x[6], x[7], hi.w, lo.w);
+    *reinterpret_cast<uint4*>(dst) = hi;
+    *reinterpret_cast<uint4*>(dst + part_stride) = lo;
+  }
+}
+
+// A pair of weights as register i of the parts of a P fragment.
+template <int kParts>
+__device__ inline void store_pair(float first, float second, uint32_t (&p)[kParts][4], int i) {
+  if constexpr (kParts == 1)
+    p[0][i] = bf16_pair(first, second);
+  else
+    split_pair(first, second, p[0][i], p[1][i]);
+}
+
+// c += a b for n8 tile n of an ldmatrix x4 B fragment (registers 2n, 2n + 1 of each part).
+template <int kParts>
+__device__ inline void mma_parts(float (&c)[4], const uint32_t (&a)[kParts][4],
+                                 const uint32_t (&b)[kParts][4], int n) {
+  if constexpr (kParts == 1)
+    mma_bf16(c, a[0], b[0][2 * n], b[0][2 * n + 1]);
+  else
+    mma_split(c, a[0], a[1], b[0][2 * n], b[0][2 * n + 1], b[1][2 * n], b[1][2 * n + 1]);
 }
 
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* shared) {
@@ -69,6 +106,19 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* share
 template <int kDim>
 __device__ inline int swizzled(int row, int chunk) {
   return row * kDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// ldmatrix (transposed or not) of every part of a tile at `offset`.
+template <int kParts, bool kTransposed>
+__device__ inline void ldmatrix_parts(uint32_t (&r)[kParts][4], const uint16_t* tile, int part_stride,
+                                      int offset) {
+#pragma unroll
+  for (int part = 0; part < kParts; ++part) {
+    if constexpr (kTransposed)
+      ldmatrix_x4_trans(r[part], tile + part * part_stride + offset);
+    else
+      ldmatrix_x4(r[part], tile + part * part_stride + offset);
+  }
 }
 
 __global__ void attention_key_count_kernel(AttentionArgs a, int* key_count) {
@@ -94,6 +144,7 @@ __global__ void attention_key_count_kernel(AttentionArgs a, int* key_count) {
 }
 
 // Rows below the key count rounded up to the larger key tile; thread = one 8-dim chunk of one (row, KV head).
+template <int kParts>
 __global__ void attention_kv_to_bf16_kernel(AttentionArgs a, KvPlanes p) {
   wait_for_previous_kernel();
   allow_next_kernel();
@@ -117,14 +168,14 @@ __global__ void attention_kv_to_bf16_kernel(AttentionArgs a, KvPlanes p) {
         const int d = chunk * 8 + e;
         x[e] = row < key_count && d < a.head_dim ? source[d] : 0.0f;
       }
-      *reinterpret_cast<uint4*>(p.planes + which * plane_elements + offset) = bf16_chunk(x);
+      store_chunk<kParts>(p.planes + which * kParts * plane_elements + offset, plane_elements, x);
     }
   }
 }
 
 // Query rows [first_row, first_row + kTileRows) of KV head kv's heads (row = token * heads_per_kv + head),
-// in BF16, swizzled; rows past `rows` and dims past head_dim are zero.
-template <int kDim, int kTileRows, int kBlockThreads>
+// in kParts parts, swizzled; rows past `rows` and dims past head_dim are zero.
+template <int kDim, int kParts, int kTileRows, int kBlockThreads>
 __device__ void stage_query_tile(uint16_t* q_tile, const AttentionArgs& a, int kv, int64_t first_row,
                                  int64_t rows) {
   constexpr int kChunks = kDim / 8;
@@ -141,34 +192,38 @@ __device__ void stage_query_tile(uint16_t* q_tile, const AttentionArgs& a, int k
       const int d = chunk * 8 + e;
       x[e] = query != nullptr && d < a.head_dim ? query[d] : 0.0f;
     }
-    *reinterpret_cast<uint4*>(q_tile + swizzled<kDim>(r, chunk)) = bf16_chunk(x);
+    store_chunk<kParts>(q_tile + swizzled<kDim>(r, chunk), kTileRows * kDim, x);
   }
 }
 
-// Keys [first_key, first_key + kTileKeys) of KV head kv from plane `which` (0 = K, 1 = V) into a swizzled
-// shared-memory tile, by cp.async (one commit group).
-template <int kDim, int kTileKeys, int kBlockThreads>
+// Keys [first_key, first_key + kTileKeys) of KV head kv from the planes of `which` (0 = K, 1 = V) into a
+// swizzled shared-memory tile of kParts parts, by cp.async (one commit group).
+template <int kDim, int kParts, int kTileKeys, int kBlockThreads>
 __device__ void load_kv_tile(uint16_t* tile, const AttentionArgs& a, const KvPlanes& p, int which, int kv,
                              int64_t first_key) {
   constexpr int kChunks = kDim / 8;
   const int64_t plane_elements = int64_t{a.num_kv_heads} * p.padded_rows * kDim;
-  const uint16_t* const plane = p.planes + which * plane_elements + (kv * p.padded_rows + first_key) * kDim;
+  const uint16_t* const planes =
+      p.planes + which * kParts * plane_elements + (kv * p.padded_rows + first_key) * kDim;
   for (int item = static_cast<int>(threadIdx.x); item < kTileKeys * kChunks; item += kBlockThreads) {
     const int key = item / kChunks, chunk = item % kChunks;
-    cp_async_16(tile + swizzled<kDim>(key, chunk), plane + key * kDim + chunk * 8);
+#pragma unroll
+    for (int part = 0; part < kParts; ++part)
+      cp_async_16(tile + part * kTileKeys * kDim + swizzled<kDim>(key, chunk),
+                  planes + part * plane_elements + key * kDim + chunk * 8);
   }
   cp_async_commit();
 }
 
-template <int kDim>
+template <int kDim, int kParts>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a, KvPlanes p) {
   wait_for_previous_kernel();
   allow_next_kernel();
   constexpr int kDimTiles = kDim / 8;
   extern __shared__ uint4 shared_words[];
   auto* const q_tile = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* const k_tile = q_tile + kRows * kDim;
-  uint16_t* const v_tile = k_tile + kKeyTile * kDim;
+  uint16_t* const k_tile = q_tile + kParts * kRows * kDim;
+  uint16_t* const v_tile = k_tile + kParts * kKeyTile * kDim;
   __shared__ int warp_keys[kWarps];
 
   const int row_tiles = static_cast<int>((a.tokens * a.heads_per_kv + kRows - 1) / kRows);
@@ -195,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
   }
   if (lane == 0) warp_keys[warp] = most;
 
-  stage_query_tile<kDim, kRows, kThreads>(q_tile, a, kv, tile_first_row, rows);
+  stage_query_tile<kDim, kParts, kRows, kThreads>(q_tile, a, kv, tile_first_row, rows);
   __syncthreads();
   int block_keys = 0;
 #pragma unroll
@@ -205,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
                                 row_keys[1] < range.end ? row_keys[1] : range.end};
 
   auto load_tile = [&](int which, int64_t first_key) {  // which: 0 = K, 1 = V
-    load_kv_tile<kDim, kKeyTile, kThreads>(which == 0 ? k_tile : v_tile, a, p, which, kv, first_key);
+    load_kv_tile<kDim, kParts, kKeyTile, kThreads>(which == 0 ? k_tile : v_tile, a, p, which, kv, first_key);
   };
 
   float out[kDimTiles][4];
@@ -225,22 +280,25 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     float scores[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int kk = 0; kk < kDim / 16; ++kk) {
-      uint32_t qf[4], kf[4];
-      ldmatrix_x4(qf, q_tile + swizzled<kDim>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-      ldmatrix_x4(kf, k_tile + swizzled<kDim>((lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
-      mma_bf16(scores[0], qf, kf[0], kf[1]);
-      mma_bf16(scores[1], qf, kf[2], kf[3]);
+      uint32_t qf[kParts][4], kf[kParts][4];
+      ldmatrix_parts<kParts, false>(qf, q_tile, kRows * kDim,
+                                    swizzled<kDim>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      ldmatrix_parts<kParts, false>(
+          kf, k_tile, kKeyTile * kDim,
+          swizzled<kDim>((lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+      mma_parts<kParts>(scores[0], qf, kf, 0);
+      mma_parts<kParts>(scores[1], qf, kf, 1);
     }
 
     // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
     float correction[2], weights[2][4];
     online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction,
                         weights);
-    uint32_t pf[4];
+    uint32_t pf[kParts][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      pf[2 * n] = bf16_pair(weights[n][0], weights[n][1]);
-      pf[2 * n + 1] = bf16_pair(weights[n][2], weights[n][3]);
+      store_pair<kParts>(weights[n][0], weights[n][1], pf, 2 * n);
+      store_pair<kParts>(weights[n][2], weights[n][3], pf, 2 * n + 1);
     }
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) {
@@ -257,11 +315,12 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
       // O += P V: per pair of n8 dim tiles, V^T fragments by transposing ldmatrix.
 #pragma unroll
     for (int dp = 0; dp < kDim / 16; ++dp) {
-      uint32_t vf[4];
-      ldmatrix_x4_trans(vf,
-                        v_tile + swizzled<kDim>((lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
-      mma_bf16(out[2 * dp], pf, vf[0], vf[1]);
-      mma_bf16(out[2 * dp + 1], pf, vf[2], vf[3]);
+      uint32_t vf[kParts][4];
+      ldmatrix_parts<kParts, true>(
+          vf, v_tile, kKeyTile * kDim,
+          swizzled<kDim>((lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
+      mma_parts<kParts>(out[2 * dp], pf, vf, 0);
+      mma_parts<kParts>(out[2 * dp + 1], pf, vf, 1);
     }
   }
 
@@ -307,7 +366,7 @@ __device__ inline void pair_barrier(int id) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
 }
 
-template <int kDim>
+template <int kDim, int kParts>
 __global__ void __launch_bounds__(kPairThreads, 1)
     attention_prefill_pair_kernel(AttentionArgs a, KvPlanes p) {
   wait_for_previous_kernel();
@@ -317,9 +376,9 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   constexpr int kScoreTiles = kPairKeyTile / 8;
   extern __shared__ uint4 shared_words[];
   auto* const q_tile = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* const k_tile = q_tile + kPairRows * kDim;
-  uint16_t* const v_tile = k_tile + kPairKeyTile * kDim;
-  auto* const exchange = reinterpret_cast<float4*>(v_tile + kPairKeyTile * kDim);
+  uint16_t* const k_tile = q_tile + kParts * kPairRows * kDim;
+  uint16_t* const v_tile = k_tile + kParts * kPairKeyTile * kDim;
+  auto* const exchange = reinterpret_cast<float4*>(v_tile + kParts * kPairKeyTile * kDim);
   __shared__ int warp_keys[kPairWarps];
 
   const int row_tiles = static_cast<int>((a.tokens * a.heads_per_kv + kPairRows - 1) / kPairRows);
@@ -354,7 +413,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   }
   if (lane == 0) warp_keys[warp] = warp_most;
 
-  stage_query_tile<kDim, kPairRows, kPairThreads>(q_tile, a, kv, tile_first_row, rows);
+  stage_query_tile<kDim, kParts, kPairRows, kPairThreads>(q_tile, a, kv, tile_first_row, rows);
   __syncthreads();
   int block_keys = 0;
 #pragma unroll
@@ -367,7 +426,8 @@ __global__ void __launch_bounds__(kPairThreads, 1)
     for (int h = 0; h < 2; ++h) row_keys[i][h] = row_keys[i][h] < range_end ? row_keys[i][h] : range_end;
 
   auto load_tile = [&](int which, int first_key) {  // which: 0 = K, 1 = V
-    load_kv_tile<kDim, kPairKeyTile, kPairThreads>(which == 0 ? k_tile : v_tile, a, p, which, kv, first_key);
+    load_kv_tile<kDim, kParts, kPairKeyTile, kPairThreads>(which == 0 ? k_tile : v_tile, a, p, which, kv,
+                                                           first_key);
   };
 
   float out[2][kHalfTiles][4];
@@ -405,20 +465,22 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 #pragma unroll 2  // fully unrolled, ptxas spills more (255 registers either way)
     for (int kk = 0; kk < kHalfDim / 16; ++kk) {
       const int chunk = first_chunk + 2 * kk;
-      uint32_t qf[2][4];
+      uint32_t qf[2][kParts][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        ldmatrix_x4(qf[i],
-                    q_tile + swizzled<kDim>(warp_first_row + 16 * i + (lane & 15), chunk + (lane >> 4)));
+        ldmatrix_parts<kParts, false>(
+            qf[i], q_tile, kPairRows * kDim,
+            swizzled<kDim>(warp_first_row + 16 * i + (lane & 15), chunk + (lane >> 4)));
 #pragma unroll
       for (int j = 0; j < kPairKeyTile / 16; ++j) {
-        uint32_t kf[4];
-        ldmatrix_x4(
-            kf, k_tile + swizzled<kDim>(16 * j + (lane & 7) + ((lane >> 4) << 3), chunk + ((lane >> 3) & 1)));
+        uint32_t kf[kParts][4];
+        ldmatrix_parts<kParts, false>(
+            kf, k_tile, kPairKeyTile * kDim,
+            swizzled<kDim>(16 * j + (lane & 7) + ((lane >> 4) << 3), chunk + ((lane >> 3) & 1)));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mma_bf16(scores[i][2 * j], qf[i], kf[0], kf[1]);
-          mma_bf16(scores[i][2 * j + 1], qf[i], kf[2], kf[3]);
+          mma_parts<kParts>(scores[i][2 * j], qf[i], kf, 0);
+          mma_parts<kParts>(scores[i][2 * j + 1], qf[i], kf, 1);
         }
       }
     }
@@ -488,7 +550,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
       // fragments by transposing ldmatrix, each feeding the 2 row tiles.
 #pragma unroll
     for (int c = 0; c < kPairKeyTile / 16; ++c) {
-      uint32_t pf[2][4];
+      uint32_t pf[2][kParts][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -500,18 +562,19 @@ __global__ void __launch_bounds__(kPairThreads, 1)
             weight[e] = exp2f(fmaf(scores[i][n][e], scale_log2, -max_scaled[i][e / 2]));
             total[i][e / 2] += weight[e];
           }
-          pf[i][2 * half_tile] = bf16_pair(weight[0], weight[1]);
-          pf[i][2 * half_tile + 1] = bf16_pair(weight[2], weight[3]);
+          store_pair<kParts>(weight[0], weight[1], pf[i], 2 * half_tile);
+          store_pair<kParts>(weight[2], weight[3], pf[i], 2 * half_tile + 1);
         }
 #pragma unroll
       for (int dp = 0; dp < kHalfDim / 16; ++dp) {
-        uint32_t vf[4];
-        ldmatrix_x4_trans(vf, v_tile + swizzled<kDim>(16 * c + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                      first_chunk + 2 * dp + (lane >> 4)));
+        uint32_t vf[kParts][4];
+        ldmatrix_parts<kParts, true>(vf, v_tile, kPairKeyTile * kDim,
+                                     swizzled<kDim>(16 * c + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                    first_chunk + 2 * dp + (lane >> 4)));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mma_bf16(out[i][2 * dp], pf[i], vf[0], vf[1]);
-          mma_bf16(out[i][2 * dp + 1], pf[i], vf[2], vf[3]);
+          mma_parts<kParts>(out[i][2 * dp], pf[i], vf, 0);
+          mma_parts<kParts>(out[i][2 * dp + 1], pf[i], vf, 1);
         }
       }
     }
@@ -570,10 +633,10 @@ bool rows64_kernel_forced() {
 
 // The paired kernel where this GPU gives a block its shared memory (Q, K and V tiles, the score exchange, and
 // the static warp_keys), else the 64-row kernel.
-template <int kDim>
+template <int kDim, int kParts>
 cudaError_t launch_prefill_kernel(const AttentionArgs& args, const KvPlanes& planes, cudaStream_t stream) {
-  constexpr size_t pair_shared_bytes =
-      sizeof(uint16_t) * (kPairRows + 2 * kPairKeyTile) * kDim + sizeof(float) * kPairWarps * kExchangeFloats;
+  constexpr size_t pair_shared_bytes = sizeof(uint16_t) * kParts * (kPairRows + 2 * kPairKeyTile) * kDim +
+                                       sizeof(float) * kPairWarps * kExchangeFloats;
   static const bool pair_fits = [] {
     int device = 0, limit = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -582,23 +645,48 @@ cudaError_t launch_prefill_kernel(const AttentionArgs& args, const KvPlanes& pla
     return pair_shared_bytes + sizeof(int) * kPairWarps <= static_cast<size_t>(limit);
   }();
   if (pair_fits && !rows64_kernel_forced()) {
-    static const cudaError_t attribute =
-        cudaFuncSetAttribute(attention_prefill_pair_kernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(pair_shared_bytes));
+    static const cudaError_t attribute = cudaFuncSetAttribute(attention_prefill_pair_kernel<kDim, kParts>,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              static_cast<int>(pair_shared_bytes));
     if (attribute != cudaSuccess) return attribute;
     const int64_t row_tiles = (args.tokens * args.heads_per_kv + kPairRows - 1) / kPairRows;
     const dim3 grid(static_cast<unsigned>(row_tiles * args.num_kv_heads), static_cast<unsigned>(args.splits));
-    return launch_kernel(attention_prefill_pair_kernel<kDim>, grid, kPairThreads, pair_shared_bytes, stream,
-                         args, planes);
+    return launch_kernel(attention_prefill_pair_kernel<kDim, kParts>, grid, kPairThreads, pair_shared_bytes,
+                         stream, args, planes);
   }
-  constexpr size_t shared_bytes = sizeof(uint16_t) * (kRows + 2 * kKeyTile) * kDim;
+  constexpr size_t shared_bytes = sizeof(uint16_t) * kParts * (kRows + 2 * kKeyTile) * kDim;
   static const cudaError_t attribute =
-      cudaFuncSetAttribute(attention_prefill_kernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared_bytes));
+      cudaFuncSetAttribute(attention_prefill_kernel<kDim, kParts>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
   if (attribute != cudaSuccess) return attribute;
   const int64_t row_tiles = (args.tokens * args.heads_per_kv + kRows - 1) / kRows;
   const dim3 grid(static_cast<unsigned>(row_tiles * args.num_kv_heads), static_cast<unsigned>(args.splits));
-  return launch_kernel(attention_prefill_kernel<kDim>, grid, kThreads, shared_bytes, stream, args, planes);
+  return launch_kernel(attention_prefill_kernel<kDim, kParts>, grid, kThreads, shared_bytes, stream, args,
+                       planes);
+}
+
+template <int kParts>
+cudaError_t launch_prefill(const AttentionArgs& args, const KvPlanes& planes, cudaStream_t stream) {
+  constexpr int kConvertBlock = 256;
+  const int64_t items = planes.padded_rows * args.num_kv_heads * (planes.padded_dim / 8);
+  const int64_t blocks = (items + kConvertBlock - 1) / kConvertBlock;
+  constexpr int64_t kMaxConvertBlocks = 8 * 132;  // grid-stride beyond: a few waves of the largest GPU
+  if (const cudaError_t status =
+          launch_kernel(attention_kv_to_bf16_kernel<kParts>,
+                        static_cast<unsigned>(blocks < kMaxConvertBlocks ? blocks : kMaxConvertBlocks),
+                        kConvertBlock, 0, stream, args, planes);
+      status != cudaSuccess)
+    return status;
+  switch (planes.padded_dim) {
+    case 64:
+      return launch_prefill_kernel<64, kParts>(args, planes, stream);
+    case 128:
+      return launch_prefill_kernel<128, kParts>(args, planes, stream);
+    case 256:
+      return launch_prefill_kernel<256, kParts>(args, planes, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -608,26 +696,9 @@ cudaError_t launch_attention_prefill(const AttentionArgs& args, const KvPlanes& 
           launch_kernel(attention_key_count_kernel, 1, 1024, 0, stream, args, planes.key_count);
       status != cudaSuccess)
     return status;
-  constexpr int kConvertBlock = 256;
-  const int64_t items = planes.padded_rows * args.num_kv_heads * (planes.padded_dim / 8);
-  const int64_t blocks = (items + kConvertBlock - 1) / kConvertBlock;
-  constexpr int64_t kMaxConvertBlocks = 8 * 132;  // grid-stride beyond: a few waves of the largest GPU
-  if (const cudaError_t status =
-          launch_kernel(attention_kv_to_bf16_kernel,
-                        static_cast<unsigned>(blocks < kMaxConvertBlocks ? blocks : kMaxConvertBlocks),
-                        kConvertBlock, 0, stream, args, planes);
-      status != cudaSuccess)
-    return status;
-  switch (planes.padded_dim) {
-    case 64:
-      return launch_prefill_kernel<64>(args, planes, stream);
-    case 128:
-      return launch_prefill_kernel<128>(args, planes, stream);
-    case 256:
-      return launch_prefill_kernel<256>(args, planes, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  if (planes.parts == 1) return launch_prefill<1>(args, planes, stream);
+  if (planes.parts == 2) return launch_prefill<2>(args, planes, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace qspec::cuda

@@ -215,8 +215,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (x.rows > kLinearMmaMaxRows && GemmLinear::supports(w)) {
-      if (!gemm_) gemm_ = std::make_unique<GemmLinear>();
-      gemm_->run(out, x, w, stream());
+      gemm_linear().run(out, x, w, stream());
       return;
     }
     if (w.quantized())
@@ -226,18 +225,27 @@ class CudaBackend final : public Backend {
   }
 
   // One row (decode): the down projection stages silu(gate) * up itself, no silu_mul launch (act unused).
-  // More rows keep the three ops: the many-row kernel stages x on its critical path, where the activation
-  // made verify 3% slower (H200, session 6); the values are the same either way.
+  // More rows than the tensor-core linears take (prefill): the down projection's BF16 operand is made from
+  // gate_up in one pass (GemmLinear::run_gated; act unused). Between the two, the three ops: the many-row
+  // kernel stages x on its critical path, where the activation made verify 3% slower (H200, session 6). The
+  // values are the same every way.
   void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
            const LinearWeight& w_gate_up, const LinearWeight& w_down) override {
-    if (!gated_linear_mma_supports(gate_up, w_down)) {
+    const bool one_row = gated_linear_mma_supports(gate_up, w_down);
+    const bool gemm = x.rows > kLinearMmaMaxRows && GemmLinear::supports(w_down);  // as linear() decides
+    if (!one_row && !gemm) {
       Backend::mlp(out, gate_up, act, x, w_gate_up, w_down);  // checks the arguments itself
       return;
     }
     check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
     linear(gate_up, x, w_gate_up);
-    check_cuda(launch_gated_linear_mma(out, gate_up, w_down, linear_mma_workspace(x.rows, w_down), stream()),
-               "mlp down projection (tensor cores)");
+    if (one_row) {
+      check_cuda(
+          launch_gated_linear_mma(out, gate_up, w_down, linear_mma_workspace(x.rows, w_down), stream()),
+          "mlp down projection (tensor cores)");
+      return;
+    }
+    gemm_linear().run_gated(out, gate_up, w_down, stream());
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
@@ -415,6 +423,11 @@ class CudaBackend final : public Backend {
     memory = DeviceMemory(bytes);
     ++workspace_generation_;
     return true;
+  }
+
+  GemmLinear& gemm_linear() {
+    if (!gemm_) gemm_ = std::make_unique<GemmLinear>();
+    return *gemm_;
   }
 
   // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is

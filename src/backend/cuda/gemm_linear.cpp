@@ -62,12 +62,24 @@ void* GemmLinear::scratch(DeviceMemory& memory, size_t bytes) {
 }
 
 void GemmLinear::run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream) {
+  multiply(out, x, nullptr, w, stream);
+}
+
+void GemmLinear::run_gated(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
+                           cudaStream_t stream) {
+  const int64_t k = w.in_features;
+  multiply(out, gate_up.cols_view(0, k), gate_up.cols_view(k, k).ptr<const float>(), w, stream);
+}
+
+void GemmLinear::multiply(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
+                          cudaStream_t stream) {
   const int64_t k = w.in_features;
   check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
   check_cublas(cublasSetWorkspace(handle_, cublas_workspace_.data(), cublas_workspace_.bytes()),
                "cublasSetWorkspace");
   void* x_bf16 = scratch(x_bf16_, static_cast<size_t>(x.rows * k) * kBf16Bytes);
-  check_cuda(launch_rows_to_bf16(x_bf16, x, stream), "linear (x to BF16)");
+  check_cuda(launch_rows_to_bf16(x_bf16, x, up, stream),
+             up != nullptr ? "linear (silu(gate) * up to BF16)" : "linear (x to BF16)");
   if (!w.quantized()) {
     bf16_gemm(handle_, out, x_bf16, w.weight.data, w.weight.rows <= 1 ? k : w.weight.stride, k);
     return;

@@ -29,11 +29,18 @@ class GemmLinear {
   static bool supports(const LinearWeight& w);
   // Scratch grows here (a step's first, unrecorded run); a recorded step reuses it.
   void run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream);
+  // The gated MLP's down projection, out = (silu(gate) * up) W^T for gate_up = [gate | up] (w.in_features
+  // columns each): the activation is made, as silu_mul makes it, by the pass that rounds x to BF16, so it is
+  // neither stored in F32 nor read back (linear after silu_mul gives the same values).
+  void run_gated(const Tensor& out, const Tensor& gate_up, const LinearWeight& w, cudaStream_t stream);
   // Counts the reallocations of the scratch buffers (step graphs recorded before one are stale).
   uint64_t scratch_generation() const { return scratch_generation_; }
 
  private:
   void* scratch(DeviceMemory& memory, size_t bytes);
+  // out = x' W^T with x' = x, or silu_mul(x, up) when up is not null (rows at x's stride).
+  void multiply(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
+                cudaStream_t stream);
 
   int64_t max_slice_elements_;
   cublasHandle_t handle_ = nullptr;

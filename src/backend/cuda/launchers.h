@@ -74,8 +74,9 @@ cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, co
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream);
 
 // linear_gemm.cu: the BF16 operands of the many-row linear (gemm_linear.h). out holds x.rows * x.cols BF16
-// values (contiguous); the dequantized slice holds rows * in_features.
-cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, cudaStream_t stream);
+// values (contiguous): x, or with up (null: none; else x.rows rows of x.cols values at x's row stride)
+// silu_mul(x, up); the dequantized slice holds rows * in_features.
+cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* up, cudaStream_t stream);
 cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,
                                     cudaStream_t stream);
 
@@ -110,10 +111,11 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
 
 // attention.cu (+ attention_rows.cu, attention_prefill.cu): one block per (KV head, key split) serves all
 // query rows of the KV head (tokens x grouped heads); FP32 or split-BF16 tensor cores (~1e-5 relative to
-// FP32) for up to 64 such rows (decode, verify), BF16 tensor cores (~1e-3 of the largest output, as the
-// prefill's BF16 linears) for more (prefill). A position outside the cache gives NaN output rows. head_dim <=
-// kMaxAttentionHeadDim. `workspace` holds attention_workspace_bytes(...) bytes (256-byte aligned): split
-// partials, and for prefill the K/V cache rows converted to BF16 (half as large as the two caches).
+// FP32) up to 64 such rows (decode, verify) and for prefill chunks of up to kLinearMmaMaxRows tokens, BF16
+// tensor cores (a few 1e-3 of the largest output, as the prefill's BF16 linears) for longer chunks. A
+// position outside the cache gives NaN output rows. head_dim <= kMaxAttentionHeadDim. `workspace` holds
+// attention_workspace_bytes(...) bytes (256-byte aligned): split partials, and for prefill the K/V cache rows
+// converted to BF16 (half as large as the two caches).
 inline constexpr int kMaxAttentionHeadDim = 256;
 size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                                  const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim);

@@ -1,6 +1,7 @@
-// The operands of the many-row linear (prefill) as BF16 for cuBLAS: x [M, K] F32 -> BF16, and W4A16 rows
-// dequantized to BF16, (nibble - 8) * scale rounded once. Both are one pass over memory; at M = 2048 they
-// cost a few percent of the matrix product.
+// The operands of the many-row linear (prefill) as BF16 for cuBLAS: x [M, K] F32 -> BF16 (or, for the gated
+// MLP's down projection, silu(gate) * up made from the gate and up halves, as silu_mul makes it, then
+// rounded), and W4A16 rows dequantized to BF16, (nibble - 8) * scale rounded once. Both are one pass over
+// memory; at M = 2048 they cost a few percent of the matrix product.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -22,25 +23,29 @@ constexpr int kConvertColumns = 4;
 constexpr int kDequantizeBlock = 64;
 constexpr int kValuesPerWord = 8;
 
-// Grid column_blocks_by_rows (device_math.cuh). kAligned: 16-byte aligned source rows and a multiple of 4
-// columns (one float4 load and one 8-byte store per thread); otherwise element by element.
+// Grid column_blocks_by_rows (device_math.cuh). up: null, or the up half (x the gate half, same row stride):
+// the values are silu_mul(x, up). kAligned: 16-byte aligned source rows and a multiple of 4 columns (float4
+// loads and one 8-byte store per thread); otherwise element by element.
 template <bool kAligned>
-__global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, int64_t x_stride, int64_t rows,
-                                    int cols) {
+__global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, const float* up, int64_t x_stride,
+                                    int64_t rows, int cols) {
   wait_for_previous_kernel();  // no early allow_next_kernel(): cuBLAS comes next (pdl.cuh)
   const int c =
       (static_cast<int>(blockIdx.x) * kConvertBlock + static_cast<int>(threadIdx.x)) * kConvertColumns;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float* src = x + r * x_stride + c;
+    const int64_t offset = r * x_stride + c;
     __nv_bfloat16* dst = out + r * cols + c;
     if constexpr (kAligned) {
-      const float4 v = *reinterpret_cast<const float4*>(src);
-      const __nv_bfloat162 low = __floats2bfloat162_rn(v.x, v.y), high = __floats2bfloat162_rn(v.z, v.w);
-      *reinterpret_cast<uint2*>(dst) =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+      float4 v = *reinterpret_cast<const float4*>(x + offset);
+      if (up != nullptr) {
+        const float4 u = *reinterpret_cast<const float4*>(up + offset);
+        v = make_float4(silu_mul(v.x, u.x), silu_mul(v.y, u.y), silu_mul(v.z, u.z), silu_mul(v.w, u.w));
+      }
+      *reinterpret_cast<uint2*>(dst) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
     } else {
-      for (int i = 0; i < kConvertColumns && c + i < cols; ++i) dst[i] = __float2bfloat16_rn(src[i]);
+      for (int i = 0; i < kConvertColumns && c + i < cols; ++i)
+        dst[i] = __float2bfloat16_rn(up != nullptr ? silu_mul(x[offset + i], up[offset + i]) : x[offset + i]);
     }
   }
 }
@@ -90,15 +95,16 @@ __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* pack
 
 }  // namespace
 
-cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, cudaStream_t stream) {
+cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* up, cudaStream_t stream) {
   if (x.numel() == 0) return cudaSuccess;
   constexpr int kColumnsPerBlock = kConvertBlock * kConvertColumns;
   const dim3 grid = column_blocks_by_rows(x.rows, x.cols, kColumnsPerBlock);
+  // The up half shares x's row stride; it is 16-byte aligned with x when x.cols is a multiple of 4.
   const bool aligned = x.cols % kConvertColumns == 0 && rows_aligned_to_float4(x);
   auto* dst = static_cast<__nv_bfloat16*>(out);
   const int cols = static_cast<int>(x.cols);
   return launch_kernel(aligned ? rows_to_bf16_kernel<true> : rows_to_bf16_kernel<false>, grid, kConvertBlock,
-                       0, stream, dst, x.ptr<const float>(), x.stride, x.rows, cols);
+                       0, stream, dst, x.ptr<const float>(), up, x.stride, x.rows, cols);
 }
 
 cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,
