@@ -72,16 +72,19 @@ def main():
     bundle, target, drafter, out_json = sys.argv[1:5]
     qspec = os.path.join(bundle, "qspec")
     report = {}
-    prompt = ",".join(str(1000 + (i * 7919) % 50000) for i in range(2048))
+    # QSPEC_PROFILE_PREFILL: the prompt's length, prefilled in one chunk (default 2048).
+    prompt_tokens = int(os.environ.get("QSPEC_PROFILE_PREFILL", "2048"))
+    prompt = ",".join(str(1000 + (i * 7919) % 50000) for i in range(prompt_tokens))
     new = 4
     kernels = ncu_kernels([qspec, "generate", "--model", target, "--backend", "cuda", "--ignore-eos",
-                              "--prompt-ids", prompt, "-n", str(new)], "/tmp/ncu_plain.csv")
+                              "--prompt-ids", prompt, "--prefill-chunk", str(prompt_tokens), "-n", str(new)],
+                          "/tmp/ncu_plain.csv")
     names = [k for k, _ in kernels]
     found = period(names, new - 1)
     if found is None:
         raise RuntimeError("no repeating decode step in the plain run")
     p = found[0]
-    report["prefill_2048"] = summarize(kernels[:len(kernels) - (new - 1) * p])
+    report[f"prefill_{prompt_tokens}"] = summarize(kernels[:len(kernels) - (new - 1) * p])
     report["decode"] = summarize(kernels[len(kernels) - (new - 1) * p:], new - 1)
 
     if os.path.isdir(drafter):

@@ -183,7 +183,8 @@ TEST_F(BrokenCheckpoint, BadGenerateArguments) {
   for (const Case& c : {Case{"--prompt-ids 1,x,3", "--prompt-ids"}, Case{"--prompt-ids 1,999", "999"},
                         Case{"--prompt-ids 1,2 --max-tokens 10 --ctx-size 4", "context"},
                         Case{"--prompt-ids 1 --backend tpu", "--backend"},
-                        Case{"--prompt-ids 1 --temperature -1", "temperature"}}) {
+                        Case{"--prompt-ids 1 --temperature -1", "temperature"},
+                        Case{"--prompt-ids 1 --prefill-chunk 0", "--prefill-chunk"}}) {
     CommandResult r = generate(c.args);
     EXPECT_FALSE(r.signaled) << c.args;
     EXPECT_NE(r.exit_code, 0) << c.args;

@@ -184,6 +184,9 @@ TEST_F(TextCli, GeneratePromptStreamsTheTextOfItsTokens) {
   expect_valid_utf8(text);
   // The same ids as a prompt give the same tokens; streamed, the same text.
   EXPECT_EQ(generate_json("--prompt-ids 9419,11,1204,513,488,30 -n 24").at("tokens"), out.at("tokens"));
+  // Prefilled 2 tokens at a time, the same tokens.
+  EXPECT_EQ(generate_json("--prompt-ids 9419,11,1204,513,488,30 -n 24 --prefill-chunk 2").at("tokens"),
+            out.at("tokens"));
   const CommandResult streamed = qspec("generate " + tiny() + " --prompt 'Hello, how are you?' -n 24");
   ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
   EXPECT_EQ(streamed.out, text + "\n");

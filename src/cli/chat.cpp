@@ -63,6 +63,7 @@ class ChatSession {
 
     GenerationOptions generation;
     generation.max_tokens = args_.run.max_tokens;
+    generation.prefill_chunk = args_.run.prefill_chunk;
     generation.sampling = args_.run.sampling;
     generation.stop_ids.push_back(end_of_turn_);
     ChatReply reply(tokenizer_.tokenizer, /*in_reasoning=*/!args_.no_thinking, ::isatty(STDOUT_FILENO) != 0,

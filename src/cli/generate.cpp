@@ -92,6 +92,7 @@ void run_generate(const GenerateArgs& args) {
 
   GenerationOptions options;
   options.max_tokens = args.run.max_tokens;
+  options.prefill_chunk = args.run.prefill_chunk;
   options.sampling = args.run.sampling;
   options.ignore_eos = args.ignore_eos;
   if (chat) options.stop_ids.push_back(end_of_turn_id(*tokenizer));

@@ -16,6 +16,10 @@ void add_model_run_options(CLI::App& command, ModelRunOptions& options) {
   command.add_option("--seed", options.sampling.seed);
   command.add_option("--backend", options.backend, "cpu");
   command.add_option("--ctx-size", options.context, "context length (default: prompt + max tokens)");
+  command
+      .add_option("--prefill-chunk", options.prefill_chunk,
+                  "prompt tokens per forward pass (larger: faster prefill, more workspace memory)")
+      ->check(CLI::PositiveNumber);
 }
 
 }  // namespace qspec::cli

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "engine/generator.h"
 #include "engine/sampler.h"
 
 namespace CLI {
@@ -16,11 +17,13 @@ struct ModelRunOptions {
   std::string tokenizer_dir;  // empty: the model directory's own tokenizer, if it has one
   std::string backend = "cpu";
   int max_tokens = 32;
-  int context = 0;  // 0: prompt + max_tokens
+  int context = 0;                                        // 0: prompt + max_tokens
+  int prefill_chunk = GenerationOptions{}.prefill_chunk;  // prompt tokens per forward pass
   SamplingParams sampling;
 };
 
-// Registers --model, --tokenizer, --backend, --max-tokens, --ctx-size and the sampling options on `command`;
+// Registers --model, --tokenizer, --backend, --max-tokens, --ctx-size, --prefill-chunk and the sampling
+// options on `command`;
 // `options` must outlive the parse.
 void add_model_run_options(CLI::App& command, ModelRunOptions& options);
 
