@@ -16,10 +16,15 @@
 //    [dk, 32] slab of S in mma accumulators, per chunk X = [W; Q'] S (128 x 32 x dk), out = U' + X_Q',
 //    v_new = U - X_W, S = e^(G_last) S + K~^T v_new (dk x 32 x 64); the next chunk's W;Q' and U;U' are
 //    copied into shared memory (cp.async) during the state update.
-// Every product that feeds the state or the output runs as split BF16 on m16n8k16 (a_hi b_hi + a_hi b_lo +
-// a_lo b_hi, hi = bf16(x), lo = bf16(x - hi): ~2^-17 relative per operand, half the mma instructions of the
-// 3xTF32 m16n8k8 form this file used before), accumulated in fp32; the state pass's A operands W;Q' and K~^T
-// are split once, by the prepare kernel. Head dims are
+// Every product that feeds the state or the output runs on m16n8k16 with fp32 accumulation, its operands in
+// kParts BF16 parts, chosen per call to match the precision of the chunk's linears (launchers.h):
+//  - up to kLinearMmaMaxRows tokens (FP32-class tensor-core linears): split BF16, a_hi b_hi + a_hi b_lo +
+//    a_lo b_hi with hi = bf16(x), lo = bf16(x - hi): ~2^-17 relative per operand (half the mma
+//    instructions of the 3xTF32 m16n8k8 form this file used before);
+//  - longer chunks (cuBLAS BF16 linears): each operand rounded to BF16 once (FLA's and vLLM's precision,
+//    ~2^-9 relative per operand), a third of the mma instructions, no splitting, half the workspace reads.
+// The state itself, the decays, T = (I + A)^-1 and every sum stay fp32. The state pass's A operands W;Q'
+// and K~^T are split (or rounded) once, by the prepare kernel. Head dims are
 // padded with zeros to D = 32, 64 or 128 (a template parameter); rows past the sequence are zeros, as in HF.
 //
 // Prediction (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128), per layer: prepare ~17 MFLOP of 3xTF32
@@ -66,13 +71,17 @@ constexpr float kL2NormEps = 1e-6f;
 // shuffles. Its A matrices are stored pre-split by the prepare kernel: tile (m16, k16) = mt * (K / 16) + kt
 // holds the 32 lanes' hi registers (one uint4 each), then their lo registers.
 
-// (low, high) -> the hi pair and the lo pair, low in the low half.
+// (low, high) -> the hi pair and, with kParts == 2, the lo pair, low in the low half. With one part (BF16
+// operands) lo is left alone: nothing reads it.
+template <int kParts>
 __device__ inline void split_bf16_pair(float low, float high, uint32_t& hi, uint32_t& lo) {
   const __nv_bfloat162 rounded = __floats2bfloat162_rn(low, high);
-  const float2 back = __bfloat1622float2(rounded);
-  const __nv_bfloat162 rest = __floats2bfloat162_rn(low - back.x, high - back.y);
   hi = *reinterpret_cast<const uint32_t*>(&rounded);
-  lo = *reinterpret_cast<const uint32_t*>(&rest);
+  if constexpr (kParts == 2) {
+    const float2 back = __bfloat1622float2(rounded);
+    const __nv_bfloat162 rest = __floats2bfloat162_rn(low - back.x, high - back.y);
+    lo = *reinterpret_cast<const uint32_t*>(&rest);
+  }
 }
 
 __device__ inline void mma_bf16(float (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
@@ -89,69 +98,80 @@ struct SplitB {
   uint32_t hi0, hi1, lo0, lo1;
 };
 
-// d += a b, small terms first.
+// d += a b, small terms first (one part: the hi product alone).
+template <int kParts>
 __device__ inline void mma_split_bf16(float (&d)[4], const SplitA& a, const SplitB& b) {
-  mma_bf16(d, a.lo, b.hi0, b.hi1);
-  mma_bf16(d, a.hi, b.lo0, b.lo1);
+  if constexpr (kParts == 2) {
+    mma_bf16(d, a.lo, b.hi0, b.hi1);
+    mma_bf16(d, a.hi, b.lo0, b.lo1);
+  }
   mma_bf16(d, a.hi, b.hi0, b.hi1);
 }
 
 // A fragment (rows m0.., columns k0.., standard k order) of a row-major fp32 tile in shared memory.
+template <int kParts>
 __device__ inline SplitA load_split_a(const float* tile, int ld, int m0, int k0, int g, int t) {
   const float* p = tile + (m0 + g) * ld + k0 + 2 * t;
   const float2 r0 = *reinterpret_cast<const float2*>(p), r1 = *reinterpret_cast<const float2*>(p + 8 * ld);
   const float2 r2 = *reinterpret_cast<const float2*>(p + 8),
                r3 = *reinterpret_cast<const float2*>(p + 8 * ld + 8);
   SplitA a;
-  split_bf16_pair(r0.x, r0.y, a.hi.x, a.lo.x);
-  split_bf16_pair(r1.x, r1.y, a.hi.y, a.lo.y);
-  split_bf16_pair(r2.x, r2.y, a.hi.z, a.lo.z);
-  split_bf16_pair(r3.x, r3.y, a.hi.w, a.lo.w);
+  split_bf16_pair<kParts>(r0.x, r0.y, a.hi.x, a.lo.x);
+  split_bf16_pair<kParts>(r1.x, r1.y, a.hi.y, a.lo.y);
+  split_bf16_pair<kParts>(r2.x, r2.y, a.hi.z, a.lo.z);
+  split_bf16_pair<kParts>(r3.x, r3.y, a.hi.w, a.lo.w);
   return a;
 }
 
 // A fragment (rows m0.., columns k0.., the permuted k order) of a row-major fp32 tile in shared memory.
+template <int kParts>
 __device__ inline SplitA load_split_a_permuted(const float* tile, int ld, int m0, int k0, int g, int t) {
   const float* p = tile + (m0 + g) * ld + k0 + t;
   SplitA a;
-  split_bf16_pair(p[0], p[8], a.hi.x, a.lo.x);
-  split_bf16_pair(p[8 * ld], p[8 * ld + 8], a.hi.y, a.lo.y);
-  split_bf16_pair(p[4], p[12], a.hi.z, a.lo.z);
-  split_bf16_pair(p[8 * ld + 4], p[8 * ld + 12], a.hi.w, a.lo.w);
+  split_bf16_pair<kParts>(p[0], p[8], a.hi.x, a.lo.x);
+  split_bf16_pair<kParts>(p[8 * ld], p[8 * ld + 8], a.hi.y, a.lo.y);
+  split_bf16_pair<kParts>(p[4], p[12], a.hi.z, a.lo.z);
+  split_bf16_pair<kParts>(p[8 * ld + 4], p[8 * ld + 12], a.hi.w, a.lo.w);
   return a;
 }
 
 // B fragment from its four values B[2t][g], B[2t+1][g], B[2t+8][g], B[2t+9][g].
+template <int kParts>
 __device__ inline SplitB split_b(float k0, float k1, float k8, float k9) {
   SplitB b;
-  split_bf16_pair(k0, k1, b.hi0, b.lo0);
-  split_bf16_pair(k8, k9, b.hi1, b.lo1);
+  split_bf16_pair<kParts>(k0, k1, b.hi0, b.lo0);
+  split_bf16_pair<kParts>(k8, k9, b.hi1, b.lo1);
   return b;
 }
 
-// d += a b with the hi * hi products in `main` and the two corrections in `correction` (shorter chains).
+// d += a b with the hi * hi products in `main` and the two corrections in `correction` (shorter chains;
+// one part: the hi product alone).
+template <int kParts>
 __device__ inline void mma_split_bf16(float (&main)[4], float (&correction)[4], const uint4& a_hi,
                                       const uint4& a_lo, uint32_t b_hi0, uint32_t b_hi1, uint32_t b_lo0,
                                       uint32_t b_lo1) {
-  mma_bf16(correction, a_lo, b_hi0, b_hi1);
-  mma_bf16(correction, a_hi, b_lo0, b_lo1);
+  if constexpr (kParts == 2) {
+    mma_bf16(correction, a_lo, b_hi0, b_hi1);
+    mma_bf16(correction, a_hi, b_lo0, b_lo1);
+  }
   mma_bf16(main, a_hi, b_hi0, b_hi1);
 }
 
-// Stores the [M, K] matrix element(m, k) as pre-split A fragments (layout above).
-template <int M, int K, class Element>
+// Stores the [M, K] matrix element(m, k) as pre-split A fragments (layout above; one part: the hi registers
+// only, the lo slots left unwritten).
+template <int M, int K, int kParts, class Element>
 __device__ inline void store_split_fragments(uint4* destination, const Element& element, int tid,
                                              int threads) {
   for (int index = tid; index < (M / 16) * (K / 16) * kWarpSize; index += threads) {
     const int tile = index / kWarpSize, l = index % kWarpSize;
     const int m = (tile / (K / 16)) * 16 + l / 4, k = (tile % (K / 16)) * 16 + l % 4;
     uint4 hi, lo;
-    split_bf16_pair(element(m, k), element(m, k + 8), hi.x, lo.x);
-    split_bf16_pair(element(m + 8, k), element(m + 8, k + 8), hi.y, lo.y);
-    split_bf16_pair(element(m, k + 4), element(m, k + 12), hi.z, lo.z);
-    split_bf16_pair(element(m + 8, k + 4), element(m + 8, k + 12), hi.w, lo.w);
+    split_bf16_pair<kParts>(element(m, k), element(m, k + 8), hi.x, lo.x);
+    split_bf16_pair<kParts>(element(m + 8, k), element(m + 8, k + 8), hi.y, lo.y);
+    split_bf16_pair<kParts>(element(m, k + 4), element(m, k + 12), hi.z, lo.z);
+    split_bf16_pair<kParts>(element(m + 8, k + 4), element(m + 8, k + 12), hi.w, lo.w);
     destination[2 * tile * kWarpSize + l] = hi;
-    destination[(2 * tile + 1) * kWarpSize + l] = lo;
+    if constexpr (kParts == 2) destination[(2 * tile + 1) * kWarpSize + l] = lo;
   }
 }
 
@@ -202,7 +222,7 @@ __host__ __device__ constexpr int prepare_warps() {
 }
 
 // One (chunk, value head) of a segment: everything of the chunk that does not depend on the state.
-template <int D>
+template <int D, int kParts>
 __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     gdn_chunk_prepare_kernel(const float* qkv, int64_t qkv_stride, const float* beta, int64_t beta_stride,
                              const float* g, int64_t g_stride, int64_t tokens, int num_key_heads,
@@ -298,16 +318,16 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     float kk[kTiles][4] = {}, qk[kTiles][4] = {};
 #pragma unroll 2
     for (int k0 = 0; k0 < D; k0 += 16) {
-      const SplitA ak = load_split_a_permuted(key, ld, 16 * mt, k0, gq, tq);
-      const SplitA aq = load_split_a_permuted(query, ld, 16 * mt, k0, gq, tq);
+      const SplitA ak = load_split_a_permuted<kParts>(key, ld, 16 * mt, k0, gq, tq);
+      const SplitA aq = load_split_a_permuted<kParts>(query, ld, 16 * mt, k0, gq, tq);
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
         const int n0 = n_base + 8 * nt;
         if (n0 > 16 * mt + 15) continue;
         const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k], permuted k order
-        const SplitB b = split_b(p[0], p[8], p[4], p[12]);
-        mma_split_bf16(kk[nt], ak, b);
-        mma_split_bf16(qk[nt], aq, b);
+        const SplitB b = split_b<kParts>(p[0], p[8], p[4], p[12]);
+        mma_split_bf16<kParts>(kk[nt], ak, b);
+        mma_split_bf16<kParts>(qk[nt], aq, b);
       }
     }
 #pragma unroll
@@ -330,7 +350,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   // __syncwarp), then the blocks below by their distance d from the diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik
   // T_kj. Blocks above the diagonal are never read.
   {
-    store_split_fragments<D, kChunk>(
+    store_split_fragments<D, kChunk, kParts>(
         reinterpret_cast<uint4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk),
         [&](int i, int t) { return key[t * ld + i] * key_decay[t]; }, tid, kPrepareThreads);
     if (tid < 4 * kChunk) {  // whole warps
@@ -396,14 +416,14 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
 #pragma unroll
       for (int nt = 0; nt < kTilesPerWarp; ++nt) {
         const float* column = source + p * ld + n_first + 8 * nt + gq;
-        b[nt] = split_b(column[0] * scale[0], column[ld] * scale[1], column[8 * ld] * scale[2],
-                        column[9 * ld] * scale[3]);
+        b[nt] = split_b<kParts>(column[0] * scale[0], column[ld] * scale[1], column[8 * ld] * scale[2],
+                                column[9 * ld] * scale[3]);
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const SplitA at = load_split_a(inverse, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA at = load_split_a<kParts>(inverse, kSquareLd, 16 * mt, k0, gq, tq);
 #pragma unroll
-        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16(acc[mt][nt], at, b[nt]);
+        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16<kParts>(acc[mt][nt], at, b[nt]);
       }
     }
     __syncthreads();
@@ -436,13 +456,13 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
 #pragma unroll
       for (int nt = 0; nt < kTilesPerWarp; ++nt) {
         const float* column = source + (k0 + 2 * tq) * ld + n_first + 8 * nt + gq;
-        b[nt] = split_b(column[0], column[ld], column[8 * ld], column[9 * ld]);
+        b[nt] = split_b<kParts>(column[0], column[ld], column[8 * ld], column[9 * ld]);
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const SplitA aa = load_split_a(aqk, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA aa = load_split_a<kParts>(aqk, kSquareLd, 16 * mt, k0, gq, tq);
 #pragma unroll
-        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16(acc[mt][nt], aa, b[nt]);
+        for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16<kParts>(acc[mt][nt], aa, b[nt]);
       }
     }
 #pragma unroll
@@ -466,7 +486,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
 
   // 6. [W; Q'] to the workspace in fragment order; G_last.
   {
-    store_split_fragments<2 * kChunk, D>(
+    store_split_fragments<2 * kChunk, D, kParts>(
         reinterpret_cast<uint4*>(ws.wq + static_cast<size_t>(record) * 2 * kChunk * D),
         [&](int r, int c) { return r < kChunk ? key[r * ld + c] : query[(r - kChunk) * ld + c]; }, tid,
         kPrepareThreads);
@@ -489,7 +509,7 @@ struct StateLayout {
 };
 
 // One (value head, slab of 32 state columns): the slab of S through all chunks of a segment.
-template <int D>
+template <int D, int kParts>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_chunk_state_kernel(float* out, int64_t out_stride, const float* state_in, int64_t state_in_stride,
                            float* state_out, int64_t state_out_stride, int64_t tokens, int dk, int dv,
@@ -530,8 +550,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto stage_chunk = [&](int chunk) {
     const size_t record = static_cast<size_t>(head) * chunks + chunk;
     const float* wq = ws.wq + record * 2 * kChunk * D;
-    for (int index = tid; index < 2 * kChunk * D / 4; index += kThreads)
-      cp_async_16(wq_staged + 4 * index, wq + 4 * index);
+    // The fragment tiles' hi registers (and lo with two parts): 16 bytes a lane, 32 lanes a register set.
+    for (int index = tid; index < kChunk * D / 4 * kParts; index += kThreads) {
+      const int word = (index / (kParts * kWarpSize) * 2 * kWarpSize + index % (kParts * kWarpSize)) * 4;
+      cp_async_16(wq_staged + word, wq + word);
+    }
     const float* uu = ws.uu + record * 2 * kChunk * D + column0;
     for (int index = tid; index < 2 * kChunk * kSlab / 4; index += kThreads) {
       const int row = index / (kSlab / 4), quad = index % (kSlab / 4);
@@ -548,18 +571,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         uint2 hi, lo;
-        split_bf16_pair(s[nt][0], s[nt][2], hi.x, lo.x);
-        split_bf16_pair(s[nt][1], s[nt][3], hi.y, lo.y);
+        split_bf16_pair<kParts>(s[nt][0], s[nt][2], hi.x, lo.x);
+        split_bf16_pair<kParts>(s[nt][1], s[nt][3], hi.y, lo.y);
         const int word = (8 * warp + gq) * kSplitLd + 8 * nt + 2 * tq;
         *reinterpret_cast<uint2*>(state_hi + word) = hi;
-        *reinterpret_cast<uint2*>(state_lo + word) = lo;
+        if constexpr (kParts == 2) *reinterpret_cast<uint2*>(state_lo + word) = lo;
       }
     }
     cp_async_wait_all();
     __syncthreads();
 
     // The state update's operands, loaded while X is computed.
-    uint4 kt_hi[kTokenTiles], kt_lo[kTokenTiles];
+    uint4 kt_hi[kTokenTiles], kt_lo[kTokenTiles] = {};
     float g_last = 0.0f;
     if (owns_state) {
       const uint4* k_t = reinterpret_cast<const uint4*>(ws.k_t + record * D * kChunk);
@@ -567,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kt = 0; kt < kTokenTiles; ++kt) {
         const int tile = warp * kTokenTiles + kt;
         kt_hi[kt] = __ldg(k_t + 2 * tile * kWarpSize + lane);
-        kt_lo[kt] = __ldg(k_t + (2 * tile + 1) * kWarpSize + lane);
+        if constexpr (kParts == 2) kt_lo[kt] = __ldg(k_t + (2 * tile + 1) * kWarpSize + lane);
       }
       g_last = __ldg(ws.g_last + record);
     }
@@ -578,12 +601,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kt = 0; kt < kKeyTiles; ++kt) {
       const uint4 a_hi = wq_fragments[2 * kt * kWarpSize + lane];
-      const uint4 a_lo = wq_fragments[(2 * kt + 1) * kWarpSize + lane];
+      const uint4 a_lo = kParts == 2 ? wq_fragments[(2 * kt + 1) * kWarpSize + lane] : uint4{};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
-        mma_split_bf16(x[nt], x_correction[nt], a_hi, a_lo, state_hi[b0], state_hi[b1], state_lo[b0],
-                       state_lo[b1]);
+        mma_split_bf16<kParts>(x[nt], x_correction[nt], a_hi, a_lo, state_hi[b0], state_hi[b1],
+                               kParts == 2 ? state_lo[b0] : 0u, kParts == 2 ? state_lo[b1] : 0u);
       }
     }
 
@@ -599,11 +622,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float x10 = x[nt][2] + x_correction[nt][2], x11 = x[nt][3] + x_correction[nt][3];
       if (r0 < kChunk) {
         uint2 hi, lo;
-        split_bf16_pair(u0.x - x00, u1.x - x10, hi.x, lo.x);
-        split_bf16_pair(u0.y - x01, u1.y - x11, hi.y, lo.y);
+        split_bf16_pair<kParts>(u0.x - x00, u1.x - x10, hi.x, lo.x);
+        split_bf16_pair<kParts>(u0.y - x01, u1.y - x11, hi.y, lo.y);
         const int word = (8 * warp + gq) * kSplitLd + c;
         *reinterpret_cast<uint2*>(new_value_hi + word) = hi;
-        *reinterpret_cast<uint2*>(new_value_lo + word) = lo;
+        if constexpr (kParts == 2) *reinterpret_cast<uint2*>(new_value_lo + word) = lo;
       } else {
         const int64_t token0 = chunk_first + r0 - kChunk, token1 = token0 + 8;
         const int64_t column = static_cast<int64_t>(head) * dv + column0 + c;
@@ -637,8 +660,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
-          mma_split_bf16(s[nt], correction[nt], kt_hi[kt], kt_lo[kt], new_value_hi[b0], new_value_hi[b1],
-                         new_value_lo[b0], new_value_lo[b1]);
+          mma_split_bf16<kParts>(s[nt], correction[nt], kt_hi[kt], kt_lo[kt], new_value_hi[b0],
+                                 new_value_hi[b1], kParts == 2 ? new_value_lo[b0] : 0u,
+                                 kParts == 2 ? new_value_lo[b1] : 0u);
         }
       }
 #pragma unroll
@@ -674,18 +698,18 @@ size_t state_shared_bytes() {
   return sizeof(uint32_t) * StateLayout<D>::kWords;
 }
 
-template <int D>
+template <int D, int kParts>
 cudaError_t launch_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                            const Tensor& state, int num_key_heads, int num_value_heads, int dk, int dv,
                            bool update_state, float* workspace, cudaStream_t stream) {
   static const cudaError_t attribute_status = [] {
     const cudaError_t status =
-        cudaFuncSetAttribute(gdn_chunk_prepare_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(gdn_chunk_prepare_kernel<D, kParts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(prepare_shared_bytes<D>()));
-    return status != cudaSuccess
-               ? status
-               : cudaFuncSetAttribute(gdn_chunk_state_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(state_shared_bytes<D>()));
+    return status != cudaSuccess ? status
+                                 : cudaFuncSetAttribute(gdn_chunk_state_kernel<D, kParts>,
+                                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                        static_cast<int>(state_shared_bytes<D>()));
   }();
   if (attribute_status != cudaSuccess) return attribute_status;
   const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
@@ -702,7 +726,7 @@ cudaError_t launch_chunked(const Tensor& out, const Tensor& qkv, const Tensor& b
     const int chunks = static_cast<int>((segment_tokens + kChunk - 1) / kChunk);
     const ChunkWorkspace ws = chunk_workspace(workspace, num_value_heads * chunks, D);
     const cudaError_t prepare_status = launch_kernel(
-        gdn_chunk_prepare_kernel<D>,
+        gdn_chunk_prepare_kernel<D, kParts>,
         dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(num_value_heads)),
         prepare_warps<D>() * kWarpSize, prepare_shared_bytes<D>(), stream,
         qkv.ptr<const float>() + first * qkv.stride, qkv.stride,
@@ -715,13 +739,32 @@ cudaError_t launch_chunked(const Tensor& out, const Tensor& qkv, const Tensor& b
     float* state_out = update_state ? state.ptr<float>() : (last ? nullptr : carried_state);
     const int64_t state_out_stride = update_state ? state.stride : carried_stride;
     const cudaError_t state_status = launch_kernel(
-        gdn_chunk_state_kernel<D>,
+        gdn_chunk_state_kernel<D, kParts>,
         dim3(static_cast<unsigned>(num_value_heads), static_cast<unsigned>((dv + kSlab - 1) / kSlab)),
         kThreads, state_shared_bytes<D>(), stream, out.ptr<float>() + first * out.stride, out.stride,
         state_in, state_in_stride, state_out, state_out_stride, segment_tokens, dk, dv, ws);
     if (state_status != cudaSuccess) return state_status;
   }
   return cudaSuccess;
+}
+
+template <int kParts>
+cudaError_t launch_with_parts(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                              const Tensor& state, int num_key_heads, int num_value_heads, int key_head_dim,
+                              int value_head_dim, bool update_state, float* workspace, cudaStream_t stream) {
+  switch (padded_head_dim(key_head_dim, value_head_dim)) {
+    case 32:
+      return launch_chunked<32, kParts>(out, qkv, beta, g, state, num_key_heads, num_value_heads,
+                                        key_head_dim, value_head_dim, update_state, workspace, stream);
+    case 64:
+      return launch_chunked<64, kParts>(out, qkv, beta, g, state, num_key_heads, num_value_heads,
+                                        key_head_dim, value_head_dim, update_state, workspace, stream);
+    case 128:
+      return launch_chunked<128, kParts>(out, qkv, beta, g, state, num_key_heads, num_value_heads,
+                                         key_head_dim, value_head_dim, update_state, workspace, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -759,20 +802,13 @@ cudaError_t launch_gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv
                                             int num_value_heads, int key_head_dim, int value_head_dim,
                                             bool update_state, void* workspace, cudaStream_t stream) {
   if (qkv.rows == 0) return cudaSuccess;
-  auto* floats = static_cast<float*>(workspace);
-  switch (padded_head_dim(key_head_dim, value_head_dim)) {
-    case 32:
-      return launch_chunked<32>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
-                                value_head_dim, update_state, floats, stream);
-    case 64:
-      return launch_chunked<64>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
-                                value_head_dim, update_state, floats, stream);
-    case 128:
-      return launch_chunked<128>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
-                                 value_head_dim, update_state, floats, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  // Split BF16 where the linears of the chunk are FP32-class (tensor-core linears), BF16 beyond (the file's
+  // comment).
+  if (qkv.rows <= kLinearMmaMaxRows)
+    return launch_with_parts<2>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
+                                value_head_dim, update_state, static_cast<float*>(workspace), stream);
+  return launch_with_parts<1>(out, qkv, beta, g, state, num_key_heads, num_value_heads, key_head_dim,
+                              value_head_dim, update_state, static_cast<float*>(workspace), stream);
 }
 
 }  // namespace qspec::cuda
