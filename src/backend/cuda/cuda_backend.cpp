@@ -344,6 +344,12 @@ class CudaBackend final : public Backend {
   void gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
                         const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias) override {
     check_gdn_gates_linear_args(beta, g, x, w_b, w_a, a_log, dt_bias);
+    if (x.rows > kLinearMmaMaxRows && GemmLinear::supports(w_b) && GemmLinear::supports(w_a)) {
+      // Prefill: as the default's two linears (same values), with x rounded to BF16 once.
+      gemm_linear().run_pair(beta, w_b, g, w_a, x, stream());
+      gdn_gates(beta, g, beta, g, a_log, dt_bias);
+      return;
+    }
     if (!gdn_gates_linear_supports(x, w_b, w_a)) {
       Backend::gdn_gates_linear(beta, g, x, w_b, w_a, a_log, dt_bias);
       return;

@@ -68,24 +68,35 @@ void* GemmLinear::scratch(DeviceMemory& memory, size_t bytes) {
 }
 
 void GemmLinear::run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream) {
-  multiply(out, x, nullptr, w, stream);
+  multiply(out, x_to_bf16(x, nullptr, stream), w, stream);
 }
 
 void GemmLinear::run_gated(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
                            cudaStream_t stream) {
   const int64_t k = w.in_features;
-  multiply(out, gate_up.cols_view(0, k), gate_up.cols_view(k, k).ptr<const float>(), w, stream);
+  multiply(out, x_to_bf16(gate_up.cols_view(0, k), gate_up.cols_view(k, k).ptr<const float>(), stream), w,
+           stream);
 }
 
-void GemmLinear::multiply(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
-                          cudaStream_t stream) {
-  const int64_t k = w.in_features;
+void GemmLinear::run_pair(const Tensor& out_a, const LinearWeight& w_a, const Tensor& out_b,
+                          const LinearWeight& w_b, const Tensor& x, cudaStream_t stream) {
+  const void* x_bf16 = x_to_bf16(x, nullptr, stream);
+  multiply(out_a, x_bf16, w_a, stream);
+  multiply(out_b, x_bf16, w_b, stream);
+}
+
+const void* GemmLinear::x_to_bf16(const Tensor& x, const float* up, cudaStream_t stream) {
   check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
   check_cublas(cublasSetWorkspace(handle_, cublas_workspace_.data(), cublas_workspace_.bytes()),
                "cublasSetWorkspace");
-  void* x_bf16 = scratch(x_bf16_, static_cast<size_t>(x.rows * k) * kBf16Bytes);
+  void* x_bf16 = scratch(x_bf16_, static_cast<size_t>(x.rows * x.cols) * kBf16Bytes);
   check_cuda(launch_rows_to_bf16(x_bf16, x, up, stream),
              up != nullptr ? "linear (silu(gate) * up to BF16)" : "linear (x to BF16)");
+  return x_bf16;
+}
+
+void GemmLinear::multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream) {
+  const int64_t k = w.in_features;
   if (!w.quantized()) {
     bf16_gemm(handle_, out, x_bf16, w.weight.data, w.weight.rows <= 1 ? k : w.weight.stride, k);
     return;
@@ -93,7 +104,7 @@ void GemmLinear::multiply(const Tensor& out, const Tensor& x, const float* up, c
   // The whole weight when it fits (the Qwen3.5-4B's largest, gate|up, is 18432 x 2560 = 47M values), else
   // slices of a whole number of kSliceRowMultiple rows.
   const int64_t slice_elements =
-      x.rows >= kL2SliceMinRows ? std::min(max_slice_elements_, kL2SliceElements) : max_slice_elements_;
+      out.rows >= kL2SliceMinRows ? std::min(max_slice_elements_, kL2SliceElements) : max_slice_elements_;
   const int64_t rows_that_fit =
       std::min(kMaxSliceRows, slice_elements / k) / kSliceRowMultiple * kSliceRowMultiple;
   const int64_t slice_rows = std::min(w.out_features, std::max(kSliceRowMultiple, rows_that_fit));

@@ -33,14 +33,19 @@ class GemmLinear {
   // columns each): the activation is made, as silu_mul makes it, by the pass that rounds x to BF16, so it is
   // neither stored in F32 nor read back (linear after silu_mul gives the same values).
   void run_gated(const Tensor& out, const Tensor& gate_up, const LinearWeight& w, cudaStream_t stream);
+  // Two weights against the same x (out_a = x w_a^T, out_b = x w_b^T): x is rounded to BF16 once.
+  void run_pair(const Tensor& out_a, const LinearWeight& w_a, const Tensor& out_b, const LinearWeight& w_b,
+                const Tensor& x, cudaStream_t stream);
   // Counts the reallocations of the scratch buffers (step graphs recorded before one are stale).
   uint64_t scratch_generation() const { return scratch_generation_; }
 
  private:
   void* scratch(DeviceMemory& memory, size_t bytes);
-  // out = x' W^T with x' = x, or silu_mul(x, up) when up is not null (rows at x's stride).
-  void multiply(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
-                cudaStream_t stream);
+  // x [M, k], or silu_mul(x, up) when up is not null (rows at x's stride), rounded to BF16 in the scratch;
+  // binds cuBLAS to the stream.
+  const void* x_to_bf16(const Tensor& x, const float* up, cudaStream_t stream);
+  // out = x W^T for x_bf16 [out.rows, w.in_features] made by x_to_bf16.
+  void multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream);
 
   int64_t max_slice_elements_;
   cublasHandle_t handle_ = nullptr;
