@@ -54,6 +54,7 @@ constexpr int kChunk = 64;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kSlab = 32;              // state columns per block of the state pass
+constexpr int kSlabTiles = kSlab / 8;  // its n8 tiles
 constexpr int kChunksPerSegment = 32;  // 2,048 tokens of workspace at a time
 constexpr int kBlock = 16;             // T = (I + A)^-1 is built in blocks of 16 x 16
 constexpr int kSquareLd = kChunk + 8;  // row stride of [C, C] tiles: float2 rows g..g + 3 on other banks
@@ -536,9 +537,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool owns_state = warp < kStateWarps;
 
   // S rows 16 warp + gq (+8), columns 8 nt + 2 tq (+1) of the slab.
-  float s[4][4];
+  float s[kSlabTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+  for (int nt = 0; nt < kSlabTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 16 * warp + gq + 8 * (e / 2), c = column0 + 8 * nt + 2 * tq + e % 2;
@@ -569,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S as B pairs: this lane's rows gq and gq + 8 of columns 8 nt + 2 tq (+1).
     if (owns_state) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kSlabTiles; ++nt) {
         uint2 hi, lo;
         split_bf16_pair<kParts>(s[nt][0], s[nt][2], hi.x, lo.x);
         split_bf16_pair<kParts>(s[nt][1], s[nt][3], hi.y, lo.y);
@@ -596,14 +597,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // X = [W; Q'] S for rows 16 warp.. (128 x 32 x D).
-    float x[4][4] = {}, x_correction[4][4] = {};
+    float x[kSlabTiles][4] = {}, x_correction[kSlabTiles][4] = {};
     const uint4* wq_fragments = reinterpret_cast<const uint4*>(wq_staged) + 2 * warp * kKeyTiles * kWarpSize;
 #pragma unroll
     for (int kt = 0; kt < kKeyTiles; ++kt) {
       const uint4 a_hi = wq_fragments[2 * kt * kWarpSize + lane];
       const uint4 a_lo = kParts == 2 ? wq_fragments[(2 * kt + 1) * kWarpSize + lane] : uint4{};
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kSlabTiles; ++nt) {
         const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
         mma_split_bf16<kParts>(x[nt], x_correction[nt], a_hi, a_lo, state_hi[b0], state_hi[b1],
                                kParts == 2 ? state_lo[b0] : 0u, kParts == 2 ? state_lo[b1] : 0u);
@@ -614,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t chunk_first = static_cast<int64_t>(chunk) * kChunk;
     const int r0 = 16 * warp + gq, r1 = r0 + 8;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < kSlabTiles; ++nt) {
       const int c = 8 * nt + 2 * tq;
       const float2 u0 = *reinterpret_cast<const float2*>(uu_staged + r0 * kSplitLd + c);
       const float2 u1 = *reinterpret_cast<const float2*>(uu_staged + r1 * kSplitLd + c);
@@ -650,15 +651,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S = e^(G_last) S + K~^T v_new  (D x 32 x 64).
     if (owns_state) {
       const float chunk_decay = expf(g_last);
-      float correction[4][4] = {};
+      float correction[kSlabTiles][4] = {};
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kSlabTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] *= chunk_decay;
 #pragma unroll
       for (int kt = 0; kt < kTokenTiles; ++kt) {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int nt = 0; nt < kSlabTiles; ++nt) {
           const int b0 = (8 * kt + tq) * kSplitLd + 8 * nt + gq, b1 = b0 + 4 * kSplitLd;
           mma_split_bf16<kParts>(s[nt], correction[nt], kt_hi[kt], kt_lo[kt], new_value_hi[b0],
                                  new_value_hi[b1], kParts == 2 ? new_value_lo[b0] : 0u,
@@ -666,7 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kSlabTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += correction[nt][e];
     }
@@ -674,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (state_out == nullptr || !owns_state) return;
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+  for (int nt = 0; nt < kSlabTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 16 * warp + gq + 8 * (e / 2), c = column0 + 8 * nt + 2 * tq + e % 2;
