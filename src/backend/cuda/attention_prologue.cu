@@ -1,8 +1,11 @@
-// The steps between the q|k|v projection and attention in one kernel (Backend::attention_prologue): one block
-// per (token, head slot). Query slots split the query from its gate, normalise it per head and rotate it;
-// key slots normalise, rotate and store into the cache row of the token's position; value slots store. The
-// arithmetic is that of the rmsnorm and rope kernels (norm.cu, rope.cu); the block replaces 7 launches per
-// attention layer. A position outside the cache skips the stores, as kv_store does.
+// The steps between the q|k|v projection and attention in one kernel (Backend::attention_prologue): one warp
+// per (token, head slot), 8 slots to a block (no block barrier: a slot's sum of squares is a warp sum, its
+// rotation reads the partner values from the warp's slice of shared memory). Query slots split the query
+// from its gate, normalise it per head and rotate it; key slots normalise, rotate and store into the cache
+// row of the token's position; value slots store. The arithmetic is that of the rmsnorm and rope kernels
+// (norm.cu, rope.cu); the kernel replaces 7 launches per attention layer. A position outside the cache skips
+// the stores, as kv_store does. A block per slot (128 threads, two block barriers) took 102 us per layer for
+// 2,048 tokens on the H200, 47% of its bytes' time (session 9's ncu).
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
@@ -11,7 +14,8 @@ namespace qspec::cuda {
 
 namespace {
 
-constexpr int kBlock = 128;
+constexpr int kWarps = 8;  // head slots per block
+constexpr int kBlock = kWarps * kWarpSize;
 
 struct PrologueArgs {
   float* query;
@@ -31,20 +35,20 @@ struct PrologueArgs {
   float eps, weight_offset;
 };
 
-// head (in shared memory) = rmsnorm(src) * (offset + weight), then dst = rope(head).
+// head (this warp's slice of shared memory) = rmsnorm(src) * (offset + weight), then dst = rope(head).
 template <typename W>
-__device__ void norm_and_rotate(float* dst, const float* src, const W* weight, float* head, float* scratch,
+__device__ void norm_and_rotate(float* dst, const float* src, const W* weight, float* head, int lane,
                                 const PrologueArgs& a, float position, const RopeFrequencies& frequencies) {
   const int hd = a.head_dim;
   float sum_of_squares = 0.0f;
-  for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) sum_of_squares += src[i] * src[i];
-  sum_of_squares = block_sum(sum_of_squares, scratch);
+  for (int i = lane; i < hd; i += kWarpSize) sum_of_squares += src[i] * src[i];
+  sum_of_squares = warp_sum(sum_of_squares);
   const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(hd) + a.eps);
-  for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock)
+  for (int i = lane; i < hd; i += kWarpSize)
     head[i] = src[i] * inverse_rms * (a.weight_offset + to_float(weight[i]));
-  __syncthreads();
+  __syncwarp();
   const int half = a.half_rotary;
-  for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) {
+  for (int i = lane; i < hd; i += kWarpSize) {
     if (i < 2 * half) {
       const int pair = i < half ? i : i - half;
       const float angle = position * frequencies.inv_freq[pair];
@@ -57,15 +61,17 @@ __device__ void norm_and_rotate(float* dst, const float* src, const W* weight, f
   }
 }
 
+// Grid (tokens, ceil(slots / kWarps)); warp w of block (t, y) takes slot kWarps y + w of token t.
 template <typename W>
-__global__ void attention_prologue_kernel(PrologueArgs a, const W* q_norm, const W* k_norm,
-                                          RopeFrequencies frequencies) {
+__global__ void __launch_bounds__(kBlock)
+    attention_prologue_kernel(PrologueArgs a, const W* q_norm, const W* k_norm, RopeFrequencies frequencies) {
   wait_for_previous_kernel();
   allow_next_kernel();
-  __shared__ float head[kMaxAttentionHeadDim];
-  __shared__ float scratch[kBlock / kWarpSize];
+  __shared__ float heads[kWarps][kMaxAttentionHeadDim];
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize,
+            lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t t = blockIdx.x;
-  const int slot = static_cast<int>(blockIdx.y);
+  const int slot = static_cast<int>(blockIdx.y) * kWarps + warp;
   const int hd = a.head_dim;
   const int32_t position = a.positions[t * a.positions_stride];
   const bool stored = position >= 0 && position < a.cache_rows;
@@ -74,21 +80,21 @@ __global__ void attention_prologue_kernel(PrologueArgs a, const W* q_norm, const
   if (slot < a.num_heads) {
     const float* pair = row + int64_t(slot) * 2 * hd;
     float* gate = a.gate + t * a.gate_stride + int64_t(slot) * hd;
-    for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) gate[i] = pair[hd + i];
-    norm_and_rotate(a.query + t * a.query_stride + int64_t(slot) * hd, pair, q_norm, head, scratch, a,
+    for (int i = lane; i < hd; i += kWarpSize) gate[i] = pair[hd + i];
+    norm_and_rotate(a.query + t * a.query_stride + int64_t(slot) * hd, pair, q_norm, heads[warp], lane, a,
                     static_cast<float>(position), frequencies);
   } else if (slot < a.num_heads + a.num_kv_heads) {
     const int kv_head = slot - a.num_heads;
-    if (!stored) return;  // the whole block leaves: no barrier is reached
+    if (!stored) return;  // the whole warp leaves
     norm_and_rotate(a.k_cache + position * a.k_stride + int64_t(kv_head) * hd,
-                    row + 2 * q_cols + int64_t(kv_head) * hd, k_norm, head, scratch, a,
+                    row + 2 * q_cols + int64_t(kv_head) * hd, k_norm, heads[warp], lane, a,
                     static_cast<float>(position), frequencies);
-  } else {
+  } else if (slot < a.num_heads + 2 * a.num_kv_heads) {
     const int kv_head = slot - a.num_heads - a.num_kv_heads;
     if (!stored) return;
     const float* v = row + 2 * q_cols + kv_cols + int64_t(kv_head) * hd;
     float* dst = a.v_cache + position * a.v_stride + int64_t(kv_head) * hd;
-    for (int i = static_cast<int>(threadIdx.x); i < hd; i += kBlock) dst[i] = v[i];
+    for (int i = lane; i < hd; i += kWarpSize) dst[i] = v[i];
   }
 }
 
@@ -119,8 +125,8 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
                           shape.rotary_dim / 2,
                           shape.eps,
                           shape.unit_offset ? 1.0f : 0.0f};
-  const dim3 grid(static_cast<unsigned>(qkv.rows),
-                  static_cast<unsigned>(shape.num_heads + 2 * shape.num_kv_heads));
+  const int slots = shape.num_heads + 2 * shape.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(qkv.rows), static_cast<unsigned>((slots + kWarps - 1) / kWarps));
   return with_weight_type(q_norm.dtype, [&](auto type) {
     using W = decltype(type);
     return launch_kernel(attention_prologue_kernel<W>, grid, kBlock, 0, stream, args, q_norm.ptr<const W>(),
