@@ -785,7 +785,8 @@ TEST(CudaOps, AttentionPrologue) {
         b.weight(c.norm_dtype, 1, c.head_dim, random_floats(rng, c.head_dim, -0.5f, 0.5f));
     const AttentionPrologueShape shape{c.heads, c.kv_heads, c.head_dim,   c.rotary_dim,
                                        1e7,     1e-6f,      c.unit_offset};
-    for (int tokens : {1, 3, 16, 65}) {
+    // 1-65 tokens: a warp a block; 150: prefill's blocks of 8 warps (the slots of the last one too few).
+    for (int tokens : {1, 3, 16, 65, 150}) {
       const int64_t cache_rows = 200;
       std::vector<int32_t> positions = consecutive_positions(tokens, 40);
       if (tokens == 3) positions = {47, 40, 140};  // not in order

@@ -1,6 +1,6 @@
 // The steps between the q|k|v projection and attention in one kernel (Backend::attention_prologue): one warp
-// per (token, head slot), 8 slots to a block (no block barrier: a slot's sum of squares is a warp sum, its
-// rotation reads the partner values from the warp's slice of shared memory). Query slots split the query
+// per (token, head slot), up to 8 slots to a block (no block barrier: a slot's sum of squares is a warp sum,
+// its rotation reads the partner values from the warp's slice of shared memory). Query slots split the query
 // from its gate, normalise it per head and rotate it; key slots normalise, rotate and store into the cache
 // row of the token's position; value slots store. The arithmetic is that of the rmsnorm and rope kernels
 // (norm.cu, rope.cu); the kernel replaces 7 launches per attention layer. A position outside the cache skips
@@ -14,8 +14,7 @@ namespace qspec::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;  // head slots per block
-constexpr int kBlock = kWarps * kWarpSize;
+constexpr int kMaxWarps = 8;  // head slots per block (prefill)
 
 struct PrologueArgs {
   float* query;
@@ -61,17 +60,18 @@ __device__ void norm_and_rotate(float* dst, const float* src, const W* weight, f
   }
 }
 
-// Grid (tokens, ceil(slots / kWarps)); warp w of block (t, y) takes slot kWarps y + w of token t.
+// Grid (tokens, ceil(slots / warps)) of blocks of `warps` warps; warp w of block (t, y) takes slot
+// warps * y + w of token t.
 template <typename W>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kMaxWarps* kWarpSize)
     attention_prologue_kernel(PrologueArgs a, const W* q_norm, const W* k_norm, RopeFrequencies frequencies) {
   wait_for_previous_kernel();
   allow_next_kernel();
-  __shared__ float heads[kWarps][kMaxAttentionHeadDim];
+  __shared__ float heads[kMaxWarps][kMaxAttentionHeadDim];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize,
             lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t t = blockIdx.x;
-  const int slot = static_cast<int>(blockIdx.y) * kWarps + warp;
+  const int slot = static_cast<int>(blockIdx.y * blockDim.x) / kWarpSize + warp;
   const int hd = a.head_dim;
   const int32_t position = a.positions[t * a.positions_stride];
   const bool stored = position >= 0 && position < a.cache_rows;
@@ -125,12 +125,15 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
                           shape.rotary_dim / 2,
                           shape.eps,
                           shape.unit_offset ? 1.0f : 0.0f};
+  // Decode and verify rows: a warp a block, the slots spread over as many multiprocessors; prefill: 8 warps
+  // a block.
+  const int warps = qkv.rows > kLinearMmaMaxRows ? kMaxWarps : 1;
   const int slots = shape.num_heads + 2 * shape.num_kv_heads;
-  const dim3 grid(static_cast<unsigned>(qkv.rows), static_cast<unsigned>((slots + kWarps - 1) / kWarps));
+  const dim3 grid(static_cast<unsigned>(qkv.rows), static_cast<unsigned>((slots + warps - 1) / warps));
   return with_weight_type(q_norm.dtype, [&](auto type) {
     using W = decltype(type);
-    return launch_kernel(attention_prologue_kernel<W>, grid, kBlock, 0, stream, args, q_norm.ptr<const W>(),
-                         k_norm.ptr<const W>(), frequencies);
+    return launch_kernel(attention_prologue_kernel<W>, grid, warps * kWarpSize, 0, stream, args,
+                         q_norm.ptr<const W>(), k_norm.ptr<const W>(), frequencies);
   });
 }
 
