@@ -77,7 +77,8 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> token_ids(0, config.vocab_size - 1);
 
-  for (int prompt_length : {1, 65, 200}) {
+  // 20 tokens: the FP32-class prefill (tensor-core linears, split-BF16 attention); 65 and 200: the BF16 one.
+  for (int prompt_length : {1, 20, 65, 200}) {
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_length));
     for (int32_t& id : prompt) id = token_ids(rng);
     auto cpu_state = cpu_model.new_state(kMaxContext);

@@ -51,7 +51,7 @@ constexpr double kRecurrentGdnTolerance = 5e-5;
 // One algorithm against the other (HF's chunked form on the CPU beyond 16 tokens, the CUDA chunked kernels
 // from 64), up to 3,000 tokens: the same math in another form and order.
 constexpr double kChunkedGdnTolerance = 2e-4;
-// The CUDA chunked kernels beyond kLinearMmaMaxRows tokens, with BF16 operands (~2^-9 relative each):
+// The CUDA chunked kernels beyond kGdnChunkedSplitMaxTokens tokens, with BF16 operands (~2^-9 relative each):
 // measured on the H200 2.0e-3..5.8e-3 of the largest output or state value (200 to 8,200 tokens).
 constexpr double kChunkedBf16GdnTolerance = 2e-2;
 
@@ -326,13 +326,17 @@ TEST(CudaOps, LinearW4A16) {
     std::vector<int> rows;
   };
   const std::vector<Case> cases = {
-      {9216, 2560, 32, DType::BF16, {1, 3, 16}},       // mlp gate/up, g32
-      {2560, 9216, 128, DType::BF16, {1, 16}},         // mlp down, g128
-      {2560, 2592, 32, DType::F16, {1, 3, 65}},        // K a multiple of 32, not of 256
-      {1000, 2592, 12, DType::BF16, {1, 3}},           // a group that splits packed words
-      {700, 2600, 8, DType::BF16, {1, 16}},            // K not a multiple of 32: one packed word per load
-      {2560, 9216, 32, DType::BF16, {8, 9, 64, 300}},  // tensor cores: row halves, passes, split K; cuBLAS
-      {1000, 4096, 128, DType::F16, {2, 17, 129}},     // features not a multiple of the 16-feature tile
+      {9216, 2560, 32, DType::BF16, {1, 3, 16}},  // mlp gate/up, g32
+      {2560, 9216, 128, DType::BF16, {1, 16}},    // mlp down, g128
+      {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
+      {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
+      {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
+      {2560,
+       9216,
+       32,
+       DType::BF16,
+       {8, 9, 32, 64, 300}},                        // tensor cores: row halves, passes, split K; cuBLAS
+      {1000, 4096, 128, DType::F16, {2, 17, 129}},  // features not a multiple of the 16-feature tile
       // K not a multiple of the 128-k chunk, N not of the 16-feature tile, split K
       {1000, 2624, 32, DType::F16, {1, 3, 8, 9, 16, 17, 64}},
       {1000, 4352, 128, DType::BF16, {1, 3, 8, 9, 16, 17, 64}},
@@ -469,9 +473,10 @@ TEST(CudaOps, RowsToBf16) {
   }
 }
 
-// The many-row W4A16 linear (cuBLAS on dequantized BF16) at > 128 rows, K not a multiple of 256, groups that
-// split packed words (g12) or are smaller than a word's span (g8): through the backend (the whole weight in
-// one slice) and through a GemmLinear bounded to 1 Mi values (slices of 256 rows, the last one shorter).
+// The many-row W4A16 linear (cuBLAS on dequantized BF16) at > kLinearMmaMaxRows rows, K not a multiple of
+// 256, groups that split packed words (g12) or are smaller than a word's span (g8): through the backend (the
+// whole weight in one slice) and through a GemmLinear bounded to 1 Mi values (slices of 256 rows, the last
+// one shorter).
 TEST(CudaOps, GemmLinearW4A16Slices) {
   std::mt19937 rng(123);
   auto& b = backends();
@@ -968,6 +973,8 @@ TEST(CudaOps, Attention) {
   check_attention(rng, {16, 4, 256, 1200, consecutive_positions(129, 1000)}, "prefill chunk after 1000 rows");
   check_attention(rng, {16, 4, 256, 2048, consecutive_positions(512, 1536)}, "prefill chunk after 1536 rows");
   check_attention(rng, {8, 2, 128, 1100, consecutive_positions(1000, 0)}, "prefill, head_dim 128");
+  check_attention(rng, {8, 2, 128, 100, consecutive_positions(30, 50)}, "prefill, head_dim 128, split BF16");
+  check_attention(rng, {4, 1, 64, 100, consecutive_positions(25, 10)}, "prefill, head_dim 64, split BF16");
   check_attention(rng, {4, 1, 64, 700, consecutive_positions(333, 300)}, "prefill, head_dim 64");
   // Positions out of order.
   check_attention(rng, {16, 4, 256, 300, {7, 0, 250}}, "verify, positions out of order");
@@ -1249,8 +1256,8 @@ struct GdnCase {
 // replay) and the chunked kernels (T >= 64; T = 3000 crosses the 2,048-token workspace segment), on the 4B
 // shape and on small ones with nk != nv and dk != dv (padded head dims). The CPU op is recurrent up to 16
 // tokens, chunked beyond: where both sides run the recurrence the tolerance is kRecurrentGdnTolerance, else
-// kChunkedGdnTolerance (the same math in another form; the CUDA chunked products are split BF16) up to 128
-// tokens and kChunkedBf16GdnTolerance beyond (BF16 operands). Where
+// kChunkedGdnTolerance (the same math in another form; the CUDA chunked products are split BF16) up to
+// kGdnChunkedSplitMaxTokens tokens and kChunkedBf16GdnTolerance beyond (BF16 operands). Where
 // the CUDA side is recurrent past 16 tokens it is also held to the CPU recurrence. Output and state both.
 TEST(CudaOps, GatedDeltaRule) {
   std::mt19937 rng(14);
@@ -1281,7 +1288,7 @@ TEST(CudaOps, GatedDeltaRule) {
       });
       const bool cuda_recurrent = tokens < cuda::kGdnChunkedMinTokens;
       const bool both_recurrent = tokens <= cpu::kGdnRecurrentMaxTokens;
-      const bool bf16_chunked = !cuda_recurrent && tokens > cuda::kLinearMmaMaxRows;
+      const bool bf16_chunked = !cuda_recurrent && tokens > cuda::kGdnChunkedSplitMaxTokens;
       const double tolerance = both_recurrent ? kRecurrentGdnTolerance
                                : bf16_chunked ? kChunkedBf16GdnTolerance
                                               : kChunkedGdnTolerance;

@@ -3,8 +3,8 @@
 //   decode  (<= 4 rows, 16-byte aligned rows):  attention_rows.cu, FP32, memory-bound
 //   verify  (<= 64 rows, 16-byte aligned rows):  attention_verify.cu, split-BF16 tensor cores, for head_dim
 //           32/64/128/256 where its shared memory fits; else attention_rows.cu, FP32
-//   prefill (otherwise):                         attention_prefill.cu, split-BF16 tensor cores up to 128
-//           tokens, BF16 beyond (as the linears)
+//   prefill (otherwise):                         attention_prefill.cu, split-BF16 tensor cores up to
+//           kLinearMmaMaxRows tokens, BF16 beyond (as the linears)
 // The positions live on the device, so the host sizes the grid by the cache's capacity: each block derives
 // its keys from the positions and splits them evenly (attention_kernels.cuh), and blocks past the context
 // finish at once. Merge: with many splits (decode, verify) a block per (query row, head, 32 dims) whose

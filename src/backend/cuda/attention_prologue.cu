@@ -34,20 +34,41 @@ struct PrologueArgs {
   float eps, weight_offset;
 };
 
+constexpr int kPerLane = kMaxAttentionHeadDim / kWarpSize;  // a head's values per lane, at most
+
+// Values lane, lane + 32, ... of a head of hd values, all loads issued together (a step of decode waits on
+// them): one round trip instead of one per value.
+__device__ inline void load_head(float (&v)[kPerLane], const float* src, int hd, int lane) {
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + kWarpSize * j;
+    v[j] = i < hd ? src[i] : 0.0f;
+  }
+}
+
 // head (this warp's slice of shared memory) = rmsnorm(src) * (offset + weight), then dst = rope(head).
 template <typename W>
 __device__ void norm_and_rotate(float* dst, const float* src, const W* weight, float* head, int lane,
                                 const PrologueArgs& a, float position, const RopeFrequencies& frequencies) {
   const int hd = a.head_dim;
+  float v[kPerLane];
+  load_head(v, src, hd, lane);
   float sum_of_squares = 0.0f;
-  for (int i = lane; i < hd; i += kWarpSize) sum_of_squares += src[i] * src[i];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) sum_of_squares += v[j] * v[j];
   sum_of_squares = warp_sum(sum_of_squares);
   const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(hd) + a.eps);
-  for (int i = lane; i < hd; i += kWarpSize)
-    head[i] = src[i] * inverse_rms * (a.weight_offset + to_float(weight[i]));
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + kWarpSize * j;
+    if (i < hd) head[i] = v[j] * inverse_rms * (a.weight_offset + to_float(weight[i]));
+  }
   __syncwarp();
   const int half = a.half_rotary;
-  for (int i = lane; i < hd; i += kWarpSize) {
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + kWarpSize * j;
+    if (i >= hd) continue;
     if (i < 2 * half) {
       const int pair = i < half ? i : i - half;
       const float angle = position * frequencies.inv_freq[pair];
@@ -58,6 +79,15 @@ __device__ void norm_and_rotate(float* dst, const float* src, const W* weight, f
       dst[i] = head[i];
     }
   }
+}
+
+// dst = src, a head of hd values.
+__device__ inline void copy_head(float* dst, const float* src, int hd, int lane) {
+  float v[kPerLane];
+  load_head(v, src, hd, lane);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + kWarpSize * j < hd) dst[lane + kWarpSize * j] = v[j];
 }
 
 // Grid (tokens, ceil(slots / warps)) of blocks of `warps` warps; warp w of block (t, y) takes slot
@@ -80,7 +110,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
   if (slot < a.num_heads) {
     const float* pair = row + int64_t(slot) * 2 * hd;
     float* gate = a.gate + t * a.gate_stride + int64_t(slot) * hd;
-    for (int i = lane; i < hd; i += kWarpSize) gate[i] = pair[hd + i];
+    copy_head(gate, pair + hd, hd, lane);
     norm_and_rotate(a.query + t * a.query_stride + int64_t(slot) * hd, pair, q_norm, heads[warp], lane, a,
                     static_cast<float>(position), frequencies);
   } else if (slot < a.num_heads + a.num_kv_heads) {
@@ -94,7 +124,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
     if (!stored) return;
     const float* v = row + 2 * q_cols + kv_cols + int64_t(kv_head) * hd;
     float* dst = a.v_cache + position * a.v_stride + int64_t(kv_head) * hd;
-    for (int i = lane; i < hd; i += kWarpSize) dst[i] = v[i];
+    copy_head(dst, v, hd, lane);
   }
 }
 

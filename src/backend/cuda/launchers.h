@@ -41,7 +41,10 @@ cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor
 // multiples of 32) or BF16 weights, x exact to ~2^-16 (split into two BF16 parts). K may be split over
 // blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
 // leaves them zero).
-inline constexpr int64_t kLinearMmaMaxRows = 128;  // more rows: gemm_linear.h
+// More rows take gemm_linear.h (BF16 products): the many-row kernel's passes of 16 rows cost more from
+// about 32 rows on (prefill of 64 tokens 11.5 -> 9.7 ms, of 128 tokens 18.9 -> 10.5 ms on the H200 with the
+// limit at 32 instead of 128; session 9).
+inline constexpr int64_t kLinearMmaMaxRows = 32;
 struct LinearMmaWorkspace {
   float* partials = nullptr;
   unsigned* counters = nullptr;
@@ -151,6 +154,9 @@ cudaError_t launch_gdn_gates_linear(const Tensor& beta, const Tensor& g, const T
 // kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does
 // not depend on T; longer ones the chunked form where it fits the device.
 inline constexpr int64_t kGdnChunkedMinTokens = 64;
+// The chunked form keeps split-BF16 operands (~2^-17 relative) for calls of up to two chunks, where that
+// costs little; longer calls round each operand to BF16 once (gated_delta_rule_chunked.cu).
+inline constexpr int64_t kGdnChunkedSplitMaxTokens = 128;
 // gated_delta_rule.cu: the per-token recurrence in one launch, the state in registers (gdn_recurrence.cuh for
 // key_head_dim <= 128 and whole 16-byte column quads, a general kernel otherwise). key_head_dim <=
 // kGdnRecurrentMaxKeyDim. An empty `out`: the state update alone (gdn_commit's fallback).
