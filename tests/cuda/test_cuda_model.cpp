@@ -26,12 +26,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Prompts of more than kLinearMmaMaxRows tokens take the BF16 matrix product (x and dequantized weights
-// rounded to BF16, ~2e-3 of the largest output per linear); the small random fixture models amplify that to
-// 5-7e-2 of the largest logit over their 4-6 layers (seen on the H200). From there on logits are held to
-// this, and greedy tokens to the margin rule, which is the check that matters.
+// Prompts of more than kLinearMmaMaxRows tokens take the BF16 prefill (the linears' x and dequantized
+// weights, attention's and the chunked GDN's operands rounded to BF16, ~2e-3 of the largest output per
+// linear); the small random fixture models amplify that to 2-7e-2 of the largest logit over their 4-6 layers,
+// and the decode steps after it inherit ~1-2e-2 (seen on the H200). From there on logits are held to this; a
+// greedy token is compared where the CPU's top1-top2 margin is at least the 1e-2 and twice the step's
+// largest logit difference (a smaller margin can flip under errors the logit check already allows).
 constexpr double kBf16PrefillLogitTolerance = 1e-1;
 constexpr float kBf16PrefillGreedyMargin = 1e-2f;
+
+float largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  float largest = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) largest = std::max(largest, std::fabs(a[i] - b[i]));
+  return largest;
+}
 constexpr int kDecodeSteps = 16;
 constexpr int kMaxContext = 512;
 
@@ -102,12 +110,19 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
     std::vector<float> gpu_row(gpu_prefill.end() - static_cast<std::ptrdiff_t>(vocab), gpu_prefill.end());
     std::vector<float> cpu_steps, gpu_steps;
     int compared = 0, differing = 0;
+    std::string differences;
     for (int step = 0; step < kDecodeSteps; ++step) {
       const auto [cpu_token, margin] = top_token(cpu_row);
       const int32_t gpu_token = top_token(gpu_row).first;
-      if (margin >= margin_rule) {
+      const float step_rule =
+          bf16_prefill ? std::max(margin_rule, 2.0f * largest_difference(gpu_row, cpu_row)) : margin_rule;
+      if (margin >= step_rule) {
         ++compared;
-        if (gpu_token != cpu_token) ++differing;
+        if (gpu_token != cpu_token) {
+          ++differing;
+          differences += fmt::format(" step {}: {} vs {} (margin {}, needed {});", step, gpu_token, cpu_token,
+                                     margin, step_rule);
+        }
       }
       const std::vector<int32_t> next{cpu_token};
       cpu_row = read_logits(*cpu_backend, cpu_model.forward(*cpu_state, next, ForwardOptions{}).logits);
@@ -119,9 +134,11 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
                  tolerance);
     recorded_checks().push_back(CheckResult{
         "e2e",
-        fmt::format("{} greedy tokens differing (of {} with margin >= {})", label, compared, margin_rule),
+        fmt::format("{} greedy tokens differing (of {} with margin >= {}{})", label, compared, margin_rule,
+                    bf16_prefill ? " and twice the step's largest logit difference" : ""),
         static_cast<double>(differing), 0.0});
-    EXPECT_EQ(differing, 0) << label << ": " << differing << " of " << compared << " greedy tokens differ";
+    EXPECT_EQ(differing, 0) << label << ": " << differing << " of " << compared
+                            << " greedy tokens differ:" << differences;
     EXPECT_GT(compared, kDecodeSteps / 2) << label << ": too few clear greedy choices to compare";
   }
 }
