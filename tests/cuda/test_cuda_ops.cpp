@@ -626,6 +626,45 @@ std::pair<LinearWeight, LinearWeight> random_mlp_weight(std::mt19937& rng, int64
   return {cpu, gpu};
 }
 
+struct MlpCase {
+  int64_t hidden, intermediate;
+  int group;  // 0: BF16 weights
+  DType scale_dtype;
+
+  std::string label() const {
+    return fmt::format(
+        "mlp {} H={} I={}",
+        group == 0 ? "BF16" : fmt::format("W4A16 g{} {} scales", group, dtype_label(scale_dtype)), hidden,
+        intermediate);
+  }
+};
+
+// Backend::mlp of `rows` random rows of x on both backends: the weights (their buffers kept here), x, the
+// op's scratch gate_up and act, and its output.
+struct MlpCall {
+  std::vector<WeightPair> keep;
+  LinearWeight gate_up_cpu, gate_up_gpu, down_cpu, down_gpu;
+  TensorPair x, gate_up, act, out;
+};
+
+MlpCall call_mlp(std::mt19937& rng, const MlpCase& c, int64_t rows) {
+  auto& b = backends();
+  MlpCall m;
+  std::tie(m.gate_up_cpu, m.gate_up_gpu) =
+      random_mlp_weight(rng, 2 * c.intermediate, c.hidden, c.group, c.scale_dtype, m.keep);
+  std::tie(m.down_cpu, m.down_gpu) =
+      random_mlp_weight(rng, c.hidden, c.intermediate, c.group, c.scale_dtype, m.keep);
+  m.x = b.activation(rows, c.hidden, random_floats(rng, rows * c.hidden, -1.0f, 1.0f));
+  m.gate_up = b.poisoned(rows, 2 * c.intermediate);
+  m.act = b.poisoned(rows, c.intermediate);
+  m.out = b.poisoned(rows, c.hidden);
+  on_both([&](const Side& s) {
+    s.backend.mlp(s(m.out), s(m.gate_up), s(m.act), s(m.x), s.gpu ? m.gate_up_gpu : m.gate_up_cpu,
+                  s.gpu ? m.down_gpu : m.down_cpu);
+  });
+  return m;
+}
+
 // The gated MLP (Backend::mlp): at one row the CUDA backend's down projection makes silu(gate) * up while it
 // stages x (no silu_mul launch), which must give the three ops' values bit for bit (linear, silu_mul, linear
 // on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone; all of it against the CPU
@@ -635,51 +674,34 @@ TEST(CudaOps, Mlp) {
   std::mt19937 rng(63);
   auto& b = backends();
   constexpr int64_t kRows = 16;
-  struct Case {
-    int64_t hidden, intermediate;
-    int group;  // 0: BF16 weights
-    DType scale_dtype;
-  };
-  for (const Case& c :
-       {Case{2560, 9216, 32, DType::BF16}, Case{2560, 9728, 128, DType::BF16}, Case{384, 640, 32, DType::F16},
-        Case{2560, 9216, 0, DType::BF16}, Case{2592, 1000, 32, DType::BF16}}) {
-    std::vector<WeightPair> keep;
-    const auto [gate_up_cpu, gate_up_gpu] =
-        random_mlp_weight(rng, 2 * c.intermediate, c.hidden, c.group, c.scale_dtype, keep);
-    const auto [down_cpu, down_gpu] =
-        random_mlp_weight(rng, c.hidden, c.intermediate, c.group, c.scale_dtype, keep);
-    const TensorPair x = b.activation(kRows, c.hidden, random_floats(rng, kRows * c.hidden, -1.0f, 1.0f));
-    TensorPair gate_up = b.poisoned(kRows, 2 * c.intermediate), act = b.poisoned(kRows, c.intermediate);
-    TensorPair together = b.poisoned(kRows, c.hidden), alone = b.poisoned(kRows, c.hidden);
-    on_both([&](const Side& s) {
-      s.backend.mlp(s(together), s(gate_up), s(act), s(x), s.gpu ? gate_up_gpu : gate_up_cpu,
-                    s.gpu ? down_gpu : down_cpu);
-    });
+  for (const MlpCase& c : {MlpCase{2560, 9216, 32, DType::BF16}, MlpCase{2560, 9728, 128, DType::BF16},
+                           MlpCase{384, 640, 32, DType::F16}, MlpCase{2560, 9216, 0, DType::BF16},
+                           MlpCase{2592, 1000, 32, DType::BF16}}) {
+    const MlpCall m = call_mlp(rng, c, kRows);
+    TensorPair alone = b.poisoned(kRows, c.hidden);
     for (int64_t r = 0; r < kRows; ++r)
-      b.gpu().mlp(alone.gpu().rows_view(r, 1), gate_up.gpu().rows_view(r, 1), act.gpu().rows_view(r, 1),
-                  x.gpu().rows_view(r, 1), gate_up_gpu, down_gpu);
-    const std::string label = fmt::format(
-        "mlp {} H={} I={}",
-        c.group == 0 ? "BF16" : fmt::format("W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)),
-        c.hidden, c.intermediate);
+      b.gpu().mlp(alone.gpu().rows_view(r, 1), m.gate_up.gpu().rows_view(r, 1), m.act.gpu().rows_view(r, 1),
+                  m.x.gpu().rows_view(r, 1), m.gate_up_gpu, m.down_gpu);
+    const std::string label = c.label();
     // The three ops on the GPU, at 16 rows and at each row alone.
     TensorPair three = b.poisoned(kRows, c.hidden), three_alone = b.poisoned(kRows, c.hidden);
     auto three_ops = [&](const Tensor& out, int64_t first, int64_t rows) {
-      const Tensor gu = gate_up.gpu().rows_view(first, rows), a = act.gpu().rows_view(first, rows);
-      b.gpu().linear(gu, x.gpu().rows_view(first, rows), gate_up_gpu);
+      const Tensor gu = m.gate_up.gpu().rows_view(first, rows), a = m.act.gpu().rows_view(first, rows);
+      b.gpu().linear(gu, m.x.gpu().rows_view(first, rows), m.gate_up_gpu);
       b.gpu().silu_mul(a, gu.cols_view(0, c.intermediate), gu.cols_view(c.intermediate, c.intermediate));
-      b.gpu().linear(out, a, down_gpu);
+      b.gpu().linear(out, a, m.down_gpu);
     };
     three_ops(three.gpu(), 0, kRows);
     for (int64_t r = 0; r < kRows; ++r) three_ops(three_alone.gpu().rows_view(r, 1), r, 1);
     // Two linears in a row: twice the linear's tolerance.
-    compare("mlp", label + " M=16", together,
-            2 * std::max(linear_tolerance(x.gpu(), gate_up_gpu), linear_tolerance(act.gpu(), down_gpu)));
-    expect_close("mlp", label + " M=16 vs linear, silu_mul, linear", b.read_gpu(together.gpu()),
+    compare(
+        "mlp", label + " M=16", m.out,
+        2 * std::max(linear_tolerance(m.x.gpu(), m.gate_up_gpu), linear_tolerance(m.act.gpu(), m.down_gpu)));
+    expect_close("mlp", label + " M=16 vs linear, silu_mul, linear", b.read_gpu(m.out.gpu()),
                  b.read_gpu(three.gpu()), kExact);
     expect_close("mlp", label + " M=1 each vs linear, silu_mul, linear", b.read_gpu(alone.gpu()),
                  b.read_gpu(three_alone.gpu()), kExact);
-    expect_close("mlp", label + " M=16 rows vs M=1 each", b.read_gpu(together.gpu()), b.read_gpu(alone.gpu()),
+    expect_close("mlp", label + " M=16 rows vs M=1 each", b.read_gpu(m.out.gpu()), b.read_gpu(alone.gpu()),
                  kExact);
   }
 }
@@ -693,35 +715,17 @@ TEST(CudaOps, MlpManyRows) {
   std::mt19937 rng(64);
   auto& b = backends();
   constexpr int64_t kRows = 200;
-  struct Case {
-    int64_t hidden, intermediate;
-    int group;  // 0: BF16 weights
-    DType scale_dtype;
-  };
-  for (const Case& c : {Case{2560, 9216, 32, DType::BF16}, Case{384, 1003, 0, DType::BF16},
-                        Case{2592, 1000, 32, DType::F16}}) {
-    std::vector<WeightPair> keep;
-    const auto [gate_up_cpu, gate_up_gpu] =
-        random_mlp_weight(rng, 2 * c.intermediate, c.hidden, c.group, c.scale_dtype, keep);
-    const auto [down_cpu, down_gpu] =
-        random_mlp_weight(rng, c.hidden, c.intermediate, c.group, c.scale_dtype, keep);
-    const TensorPair x = b.activation(kRows, c.hidden, random_floats(rng, kRows * c.hidden, -1.0f, 1.0f));
-    TensorPair gate_up = b.poisoned(kRows, 2 * c.intermediate), act = b.poisoned(kRows, c.intermediate);
-    TensorPair together = b.poisoned(kRows, c.hidden), three = b.poisoned(kRows, c.hidden);
-    on_both([&](const Side& s) {
-      s.backend.mlp(s(together), s(gate_up), s(act), s(x), s.gpu ? gate_up_gpu : gate_up_cpu,
-                    s.gpu ? down_gpu : down_cpu);
-    });
-    b.gpu().linear(gate_up.gpu(), x.gpu(), gate_up_gpu);
-    b.gpu().silu_mul(act.gpu(), gate_up.gpu().cols_view(0, c.intermediate),
-                     gate_up.gpu().cols_view(c.intermediate, c.intermediate));
-    b.gpu().linear(three.gpu(), act.gpu(), down_gpu);
-    const std::string label = fmt::format(
-        "mlp {} H={} I={} M={}",
-        c.group == 0 ? "BF16" : fmt::format("W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)),
-        c.hidden, c.intermediate, kRows);
-    compare("mlp", label, together, 2 * kGemmLinearTolerance);
-    expect_close("mlp", label + " vs linear, silu_mul, linear", b.read_gpu(together.gpu()),
+  for (const MlpCase& c : {MlpCase{2560, 9216, 32, DType::BF16}, MlpCase{384, 1003, 0, DType::BF16},
+                           MlpCase{2592, 1000, 32, DType::F16}}) {
+    const MlpCall m = call_mlp(rng, c, kRows);
+    TensorPair three = b.poisoned(kRows, c.hidden);
+    b.gpu().linear(m.gate_up.gpu(), m.x.gpu(), m.gate_up_gpu);
+    b.gpu().silu_mul(m.act.gpu(), m.gate_up.gpu().cols_view(0, c.intermediate),
+                     m.gate_up.gpu().cols_view(c.intermediate, c.intermediate));
+    b.gpu().linear(three.gpu(), m.act.gpu(), m.down_gpu);
+    const std::string label = fmt::format("{} M={}", c.label(), kRows);
+    compare("mlp", label, m.out, 2 * kGemmLinearTolerance);
+    expect_close("mlp", label + " vs linear, silu_mul, linear", b.read_gpu(m.out.gpu()),
                  b.read_gpu(three.gpu()), kExact);
   }
 }
