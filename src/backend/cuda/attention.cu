@@ -25,7 +25,7 @@ namespace {
 // Resident blocks that fill an H100/H200 (132 multiprocessors) per regime, and the fewest keys worth a split.
 constexpr int64_t kDecodeTargetBlocks = 3 * 132;
 constexpr int64_t kVerifyTargetBlocks = 132;
-constexpr int64_t kPrefillTargetBlocks = 2 * 132;
+constexpr int64_t kPrefillTargetBlocks = 132;
 constexpr int64_t kDecodeMinKeysPerSplit = 32;
 constexpr int64_t kVerifyMinKeysPerSplit = 64;
 constexpr int64_t kPrefillMinKeysPerSplit = 128;
