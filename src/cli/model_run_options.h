@@ -23,8 +23,7 @@ struct ModelRunOptions {
 };
 
 // Registers --model, --tokenizer, --backend, --max-tokens, --ctx-size, --prefill-chunk and the sampling
-// options on `command`;
-// `options` must outlive the parse.
+// options on `command`; `options` must outlive the parse.
 void add_model_run_options(CLI::App& command, ModelRunOptions& options);
 
 }  // namespace qspec::cli

@@ -27,11 +27,12 @@ namespace {
 namespace fs = std::filesystem;
 
 // Prompts of more than kLinearMmaMaxRows tokens take the BF16 prefill (the linears' x and dequantized
-// weights, attention's and the chunked GDN's operands rounded to BF16, ~2e-3 of the largest output per
-// linear); the small random fixture models amplify that to 2-8e-2 of the largest logit over their 4-6 layers,
-// and the decode steps after it inherit ~1-2e-2 (seen on the H200). From there on logits are held to this; a
-// greedy token is compared where the CPU's top1-top2 margin is at least the 1e-2 and twice the step's
-// largest logit difference (a smaller margin can flip under errors the logit check already allows).
+// weights and attention's operands rounded to BF16, beyond kGdnChunkedSplitMaxTokens the chunked GDN's too;
+// ~2e-3 of the largest output per linear); the small random fixture models amplify that to 2-8e-2 of the
+// largest logit over their 4-6 layers, and the decode steps after it inherit ~1-2e-2 (seen on the H200). From
+// there on logits are held to this; a greedy token is compared where the CPU's top1-top2 margin is at least
+// the 1e-2 and twice the step's largest logit difference (a smaller margin can flip under errors the
+// logit check already allows).
 constexpr double kBf16PrefillLogitTolerance = 1e-1;
 constexpr float kBf16PrefillGreedyMargin = 1e-2f;
 

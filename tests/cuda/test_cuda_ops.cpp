@@ -331,11 +331,8 @@ TEST(CudaOps, LinearW4A16) {
       {2560, 2592, 32, DType::F16, {1, 3, 65}},   // K a multiple of 32, not of 256
       {1000, 2592, 12, DType::BF16, {1, 3}},      // a group that splits packed words
       {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
-      {2560,
-       9216,
-       32,
-       DType::BF16,
-       {8, 9, 32, 64, 300}},                        // tensor cores: row halves, passes, split K; cuBLAS
+      // tensor cores: row halves, passes, split K; cuBLAS
+      {2560, 9216, 32, DType::BF16, {8, 9, 32, 64, 300}},
       {1000, 4096, 128, DType::F16, {2, 17, 129}},  // features not a multiple of the 16-feature tile
       // K not a multiple of the 128-k chunk, N not of the 16-feature tile, split K
       {1000, 2624, 32, DType::F16, {1, 3, 8, 9, 16, 17, 64}},
@@ -794,7 +791,8 @@ TEST(CudaOps, AttentionPrologue) {
         b.weight(c.norm_dtype, 1, c.head_dim, random_floats(rng, c.head_dim, -0.5f, 0.5f));
     const AttentionPrologueShape shape{c.heads, c.kv_heads, c.head_dim,   c.rotary_dim,
                                        1e7,     1e-6f,      c.unit_offset};
-    // 1-65 tokens: a warp a block; 150: prefill's blocks of 8 warps (the slots of the last one too few).
+    // 1-16 tokens: a warp a block; 65 and 150: prefill's blocks of 8 warps (the {2, 1} shape's 4 slots leave
+    // a block part empty).
     for (int tokens : {1, 3, 16, 65, 150}) {
       const int64_t cache_rows = 200;
       std::vector<int32_t> positions = consecutive_positions(tokens, 40);
@@ -1182,7 +1180,8 @@ TEST(CudaOps, GdnGatesLinear) {
                                             dtype_label(c.dtype), tokens, k, c.x_offset);
       // More than kLinearMmaMaxRows rows: both projections are BF16 products against one BF16 copy of x
       // (GemmLinear::run_pair), which must equal two linears and gdn_gates on the GPU bit for bit.
-      const bool gemm = tokens > cuda::kLinearMmaMaxRows;
+      const bool gemm = tokens > cuda::kLinearMmaMaxRows &&
+                        cuda::GemmLinear::supports(LinearWeight{heads, k, w_b.gpu, {}, {}, 0});
       compare("gdn_gates_linear", label + " beta", beta, gemm ? kGemmLinearTolerance : kLinearTolerance);
       compare("gdn_gates_linear", label + " g", g, gemm ? kGemmLinearTolerance : kLinearTolerance);
       if (!gemm) continue;

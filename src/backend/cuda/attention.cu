@@ -23,8 +23,8 @@ namespace qspec::cuda {
 namespace {
 
 // Resident blocks that fill an H100/H200 (132 multiprocessors) per regime, and the fewest keys worth a split.
-// Prefill splits the keys only below one wave of its one-block-per-SM kernel: at 2,048 tokens (256 blocks)
-// two splits and their merge cost 0.8 ms more than one (session 9).
+// Prefill splits the keys only below one wave of blocks (the paired kernel takes one block per SM): at 2,048
+// tokens (256 blocks) two splits and their merge cost 0.8 ms more than one (session 9).
 constexpr int64_t kDecodeTargetBlocks = 3 * 132;
 constexpr int64_t kVerifyTargetBlocks = 132;
 constexpr int64_t kPrefillTargetBlocks = 132;

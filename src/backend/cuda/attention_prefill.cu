@@ -1,11 +1,10 @@
 // Attention of many query rows (prefill) on tensor cores, flash-attention style (mma.sync m16n8k16, FP32
 // accumulation, sm_80+), with the operands q, k, v and the softmax weights p in kParts BF16 parts, chosen
 // per call (attention.cu) to match the precision of the chunk's linears:
-//  - up to kLinearMmaMaxRows tokens (the linears' FP32-class kernels): split BF16, x = hi + lo with hi =
-//  bf16(x) and
-//    lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x), each product hi*hi + hi*lo + lo*hi: within ~1e-5 of the
-//    FP32 CPU op. None of the three can go: a row that sees 2 keys has weights 1 and p, and either p's or
-//    v's lo part weighs ~2^-9 of the output.
+//  - up to kLinearMmaMaxRows tokens (the linears' FP32-class kernels): split BF16, x = hi + lo with
+//    hi = bf16(x) and lo = bf16(x - hi) (x - hi - lo ~ 2^-17 x), each product hi*hi + hi*lo + lo*hi: within
+//    ~1e-5 of the FP32 CPU op. None of the three can go: a row that sees 2 keys has weights 1 and p, and
+//    either p's or v's lo part weighs ~2^-9 of the output.
 //  - longer chunks (the linears are cuBLAS BF16 products, x and weights rounded to BF16): each operand
 //    rounded to BF16 once and one mma per product, FlashAttention's BF16 precision (~2^-9 relative per
 //    term, a few 1e-3 of the largest output), a third of the tensor-core work and half the shared-memory

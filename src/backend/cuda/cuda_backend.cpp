@@ -214,7 +214,7 @@ class CudaBackend final : public Backend {
                  "linear (tensor cores)");
       return;
     }
-    if (x.rows > kLinearMmaMaxRows && GemmLinear::supports(w)) {
+    if (gemm_takes(x, w)) {
       gemm_linear().run(out, x, w, stream());
       return;
     }
@@ -232,7 +232,7 @@ class CudaBackend final : public Backend {
   void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
            const LinearWeight& w_gate_up, const LinearWeight& w_down) override {
     const bool one_row = gated_linear_mma_supports(gate_up, w_down);
-    const bool gemm = x.rows > kLinearMmaMaxRows && GemmLinear::supports(w_down);  // as linear() decides
+    const bool gemm = gemm_takes(x, w_down);
     if (!one_row && !gemm) {
       Backend::mlp(out, gate_up, act, x, w_gate_up, w_down);  // checks the arguments itself
       return;
@@ -344,7 +344,7 @@ class CudaBackend final : public Backend {
   void gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
                         const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias) override {
     check_gdn_gates_linear_args(beta, g, x, w_b, w_a, a_log, dt_bias);
-    if (x.rows > kLinearMmaMaxRows && GemmLinear::supports(w_b) && GemmLinear::supports(w_a)) {
+    if (gemm_takes(x, w_b) && gemm_takes(x, w_a)) {
       // Prefill: as the default's two linears (same values), with x rounded to BF16 once.
       gemm_linear().run_pair(beta, w_b, g, w_a, x, stream());
       gdn_gates(beta, g, beta, g, a_log, dt_bias);
@@ -429,6 +429,11 @@ class CudaBackend final : public Backend {
     memory = DeviceMemory(bytes);
     ++workspace_generation_;
     return true;
+  }
+
+  // More rows of x than the tensor-core linears take, with weights cuBLAS takes: the BF16 GEMM path.
+  static bool gemm_takes(const Tensor& x, const LinearWeight& w) {
+    return x.rows > kLinearMmaMaxRows && GemmLinear::supports(w);
   }
 
   GemmLinear& gemm_linear() {

@@ -23,20 +23,18 @@
 //    instructions of the 3xTF32 m16n8k8 form this file used before);
 //  - longer calls, whose linears are cuBLAS BF16 products: each operand rounded to BF16 once (FLA's and
 //    vLLM's precision, ~2^-9 relative per operand), a third of the mma instructions, no splitting, half the
-//    workspace reads: prefill of 8,192 tokens 168 -> 156 ms on the H200 (session 9).
+//    reads of the pre-split fragments (W;Q' and K~^T; U;U' stay fp32): prefill of 8,192 tokens 168 -> 156 ms
+//    on the H200 (session 9).
 // The state itself, the decays, T = (I + A)^-1 and every sum stay fp32. The state pass's A operands W;Q'
 // and K~^T are split (or rounded) once, by the prepare kernel. Head dims are
 // padded with zeros to D = 32, 64 or 128 (a template parameter); rows past the sequence are zeros, as in HF.
 //
-// Prediction (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128), per layer: prepare ~17 MFLOP of 3xTF32
-// mma per (head, chunk), one 155 KB block per SM: ~10 us per wave of 132 blocks -> ~0.1 ms at T = 2048;
-// state pass ~2.5 us per chunk -> ~0.08 ms at 2048; 24 layers ~4.5 ms at 2048, ~16 ms at 8192.
-// Measured with 3xTF32 (qspec_cuda_bench, one layer): 0.44 ms at T = 2048 (10.7 ms for 24 layers; the
-// recurrence took ~1.6 ms), 1.77 ms at 8192 (42 ms). ncu at 2048: prepare 364 us with 16 warps (445 us with
-// 8, when it was latency-bound at ~1.1 IPC with the tensor pipe ~11% busy), state pass 215 us (~6.7 us per
-// chunk, tensor pipe ~40% busy). Max relative error against the CPU's chunked form <= 8e-7.
-// Split BF16, predicted: state pass ~1.6x faster (half the mma instructions, no splitting of A operands),
-// prepare ~1.2x (still latency-bound): ~0.33 ms at 2048, ~1.3 ms at 8192; error ~1e-5.
+// History (H200, Qwen3.5-4B layer: 32 value heads, dk = dv = 128). 3xTF32: 0.44 ms a layer at T = 2048 (ncu:
+// prepare 364 us, latency-bound at ~1.1 IPC with the tensor pipe ~11% busy; state pass 215 us, tensor pipe
+// ~40%), 1.77 ms at 8192. Split BF16 (session 8's profile): prepare 234 us and state 113 us a layer at 2048;
+// ncu: prepare 298 us, 86K instructions per (chunk, head) at 1.7 IPC, the tensor pipe 8% busy (the splitting
+// of fp32 operands at every use), state pass 138 us at 32%. BF16 beyond two chunks (session 9): 24 layers at
+// 8,192 tokens prepare 22.3 -> 18.7 ms, state 10.7 -> 8.0 ms.
 #include <cmath>
 #include <cstdint>
 

@@ -101,8 +101,8 @@ void GemmLinear::multiply(const Tensor& out, const void* x_bf16, const LinearWei
     bf16_gemm(handle_, out, x_bf16, w.weight.data, w.weight.rows <= 1 ? k : w.weight.stride, k);
     return;
   }
-  // The whole weight when it fits (the Qwen3.5-4B's largest, gate|up, is 18432 x 2560 = 47M values), else
-  // slices of a whole number of kSliceRowMultiple rows.
+  // The whole weight when it fits the slice bound (below kL2SliceMinRows rows, the Qwen3.5-4B's largest,
+  // gate|up, 18432 x 2560 = 47M values, does), else slices of a whole number of kSliceRowMultiple rows.
   const int64_t slice_elements =
       out.rows >= kL2SliceMinRows ? std::min(max_slice_elements_, kL2SliceElements) : max_slice_elements_;
   const int64_t rows_that_fit =

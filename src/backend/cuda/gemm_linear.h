@@ -1,6 +1,7 @@
 // The many-row linear (prefill): out = x W^T as one cuBLAS BF16 matrix product with FP32 accumulation and
 // output. x is rounded to BF16 and W4A16 weights are dequantized to BF16 in slices of rows, so the extra
-// memory is bounded (max_slice_elements; by default every Qwen3.5-4B linear is one slice). Tensor cores at
+// memory is bounded (max_slice_elements; by default every Qwen3.5-4B linear is one slice below 4,096 rows of
+// x, and from there on slices stay within L2: gemm_linear.cpp). Tensor cores at
 // this size reach most of the BF16 peak; the price is BF16 rounding of x and of the dequantized weights
 // (relative error ~1e-3 of the largest output).
 #pragma once

@@ -118,7 +118,8 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
 // tensor cores (a few 1e-3 of the largest output, as the prefill's BF16 linears) for longer chunks. A
 // position outside the cache gives NaN output rows. head_dim <= kMaxAttentionHeadDim. `workspace` holds
 // attention_workspace_bytes(...) bytes (256-byte aligned): split partials, and for prefill the K/V cache rows
-// converted to BF16 (half as large as the two caches).
+// converted to BF16 (as large as the two caches up to kLinearMmaMaxRows tokens, hi and lo parts; half
+// beyond).
 inline constexpr int kMaxAttentionHeadDim = 256;
 size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                                  const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim);
@@ -184,7 +185,8 @@ cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWei
 // kMaxConvKernel.
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int num_key_heads,
                               int num_value_heads, int key_head_dim, int value_head_dim, cudaStream_t stream);
-// gated_delta_rule_chunked.cu: chunks of 64 tokens (WY form) on tensor cores (3xTF32), head dims <= 128;
+// gated_delta_rule_chunked.cu: chunks of 64 tokens (WY form) on tensor cores (split BF16 up to
+// kGdnChunkedSplitMaxTokens tokens, BF16 beyond), head dims <= 128;
 // `workspace` holds gated_delta_rule_chunked_workspace_bytes(...).
 bool gated_delta_rule_chunked_fits(int key_head_dim, int value_head_dim, int max_shared_bytes);
 size_t gated_delta_rule_chunked_workspace_bytes(int64_t tokens, int num_value_heads, int key_head_dim,

@@ -99,8 +99,9 @@ cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* up, cud
   if (x.numel() == 0) return cudaSuccess;
   constexpr int kColumnsPerBlock = kConvertBlock * kConvertColumns;
   const dim3 grid = column_blocks_by_rows(x.rows, x.cols, kColumnsPerBlock);
-  // The up half shares x's row stride; it is 16-byte aligned with x when x.cols is a multiple of 4.
-  const bool aligned = x.cols % kConvertColumns == 0 && rows_aligned_to_float4(x);
+  // The up rows share x's row stride: float4 loads when both start 16-byte aligned.
+  const bool aligned = x.cols % kConvertColumns == 0 && rows_aligned_to_float4(x) &&
+                       (up == nullptr || reinterpret_cast<uintptr_t>(up) % 16 == 0);
   auto* dst = static_cast<__nv_bfloat16*>(out);
   const int cols = static_cast<int>(x.cols);
   return launch_kernel(aligned ? rows_to_bf16_kernel<true> : rows_to_bf16_kernel<false>, grid, kConvertBlock,
