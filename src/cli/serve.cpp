@@ -87,6 +87,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-model-len", options->model.max_model_len,
                   "context positions per request, prompt + completion (default: the model's)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", options->model.prefill_chunk,
+                  "prompt tokens per forward pass (larger: faster prefill, more workspace memory)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--host", options->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", options->port, "port (0: any free one)")
       ->capture_default_str()

@@ -29,8 +29,10 @@ ServedModel::ServedModel(const ServedModelOptions& options)
       speculative_(options.speculative),
       max_model_len_(options.max_model_len > 0 ? options.max_model_len
                                                : target_.model->config().max_position_embeddings),
+      prefill_chunk_(options.prefill_chunk),
       tokenizer_(open_model_tokenizer(options.model_dir, options.tokenizer_dir, config().vocab_size)) {
   if (options.max_model_len < 0) fail("--max-model-len: expected > 0, got {}", options.max_model_len);
+  if (options.prefill_chunk <= 0) fail("--prefill-chunk: expected > 0, got {}", options.prefill_chunk);
   if (max_model_len_ <= 0) fail("--max-model-len: the model gives no max_position_embeddings; give one");
   if (!tokenizer_) {
     chat_template_error_ = "the model has no tokenizer";
@@ -60,9 +62,11 @@ void ServedModel::prepare_states(int positions) {
 GenerationResult ServedModel::generate(std::span<const TokenId> prompt, const GenerationOptions& options,
                                        const TokenCallback& on_token) {
   prepare_states(int(prompt.size()) + options.max_tokens);
-  if (!drafter_) return qspec::generate(*target_.model, *state_, prompt, options, on_token);
+  GenerationOptions chunked = options;
+  chunked.prefill_chunk = prefill_chunk_;
+  if (!drafter_) return qspec::generate(*target_.model, *state_, prompt, chunked, on_token);
   const Drafter drafter{*drafter_->model, *draft_state_};
-  return generate_speculative(*target_.model, *state_, &drafter, prompt, options, speculative_, on_token);
+  return generate_speculative(*target_.model, *state_, &drafter, prompt, chunked, speculative_, on_token);
 }
 
 }  // namespace qspec

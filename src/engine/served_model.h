@@ -23,7 +23,8 @@ struct ServedModelOptions {
   SpeculativeOptions speculative;  // spec_tokens and draft_window, with a drafter only
   std::string tokenizer_dir;       // empty: the model directory's own tokenizer, if any
   std::string backend = "cpu";
-  int max_model_len = 0;  // 0: the model's max_position_embeddings
+  int max_model_len = 0;                                  // 0: the model's max_position_embeddings
+  int prefill_chunk = GenerationOptions{}.prefill_chunk;  // prompt tokens per forward pass
 };
 
 class ServedModel {
@@ -41,7 +42,8 @@ class ServedModel {
   bool speculative() const { return drafter_.has_value(); }
 
   // One request, plain decoding or speculative decoding when a drafter is loaded (same callback semantics;
-  // greedy output equal to plain decoding's, sampled output of the same distribution). The states are kept
+  // greedy output equal to plain decoding's, sampled output of the same distribution), the prompt prefilled
+  // in chunks of the options' prefill_chunk (options.prefill_chunk is not read). The states are kept
   // between requests and reset (so step graphs recorded on them are replayed by later requests); they grow
   // when a request needs more positions. Call from one thread at a time.
   GenerationResult generate(std::span<const TokenId> prompt, const GenerationOptions& options,
@@ -59,6 +61,7 @@ class ServedModel {
   std::unique_ptr<DFlashState> draft_state_;
   SpeculativeOptions speculative_;
   int max_model_len_;
+  int prefill_chunk_;
   std::optional<ModelTokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;

@@ -37,6 +37,20 @@ def test_completion_equals_qspec_generate(client, tiny_model):
     assert response.id.startswith("cmpl-") and response.model == "tiny" and response.object == "text_completion"
 
 
+def test_prefill_chunk_gives_the_same_completion(tiny_model):
+    """--prefill-chunk 2 prefills the prompt two tokens a forward pass: the same greedy tokens as one pass."""
+    reference = generate(tiny_model, "--prompt", "The quick brown fox jumps", "-n", "10", "--temperature", "0")
+    server = Server(tiny_model, "--prefill-chunk", "2", "--served-model-name", "tiny", "--quiet")
+    try:
+        response = server.client().completions.create(model="tiny", prompt="The quick brown fox jumps",
+                                                      max_tokens=10, temperature=0,
+                                                      extra_body={"return_token_ids": True})
+        assert response.choices[0].token_ids == reference["tokens"]
+        assert response.usage.prompt_tokens == reference["prompt_tokens"] > 2
+    finally:
+        assert server.stop() == 0
+
+
 def test_sampled_completion_equals_qspec_generate_with_the_same_seed(client, tiny_model):
     reference = generate(tiny_model, "--prompt", "Once upon a time", "-n", "10", "--temperature", "0.9",
                          "--top-k", "50", "--top-p", "0.95", "--seed", "1234")

@@ -1,13 +1,14 @@
 """Every error of the API as the openai SDK's exception type, and hostile input: each a clear 4xx in OpenAI's
 error shape, after which the server keeps serving."""
 import socket
+import subprocess
 import threading
 
 import httpx
 import openai
 import pytest
 
-from conftest import Server
+from conftest import QSPEC, Server
 
 
 def error_of(response, status):
@@ -154,3 +155,11 @@ def test_hostile_input_gets_a_clear_4xx_and_the_server_keeps_serving(server, cli
     # Still serving, and nothing was left running.
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("option,value", [("--prefill-chunk", "0"), ("--max-model-len", "-5")])
+def test_bad_server_options_exit_naming_the_option(tiny_model, option, value):
+    run = subprocess.run([QSPEC, "serve", "--model", str(tiny_model), "--port", "0", option, value],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode != 0
+    assert option in run.stderr
