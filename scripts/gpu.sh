@@ -46,8 +46,8 @@ run_on_gpu() {
   QSPEC_CUDA_CHECKS_JSON="$OUT/cuda_checks.json" "$BUNDLE/qspec_cuda_tests" --gtest_brief=1 2>&1 |
     tee "$OUT/cuda_tests.log" || tests_status=$?
   # The 64-row prefill attention kernel (the path of GPUs where the paired kernel does not fit) here too.
-  QSPEC_PREFILL_ATTENTION=rows64 "$BUNDLE/qspec_cuda_tests" --gtest_brief=1 --gtest_filter='CudaOps.Attention*' \
-    2>&1 | tee -a "$OUT/cuda_tests.log" || tests_status=$?
+  QSPEC_PREFILL_ATTENTION=rows64 QSPEC_CUDA_CHECKS_JSON="$OUT/cuda_checks_rows64.json" "$BUNDLE/qspec_cuda_tests" \
+    --gtest_brief=1 --gtest_filter='CudaOps.Attention*' 2>&1 | tee -a "$OUT/cuda_tests.log" || tests_status=$?
   "$BUNDLE/qspec_cuda_bench" "$OUT/cuda_bench.json" 2>&1 || bench_status=$?
   # Out-of-bounds / uninitialised accesses in the kernels: the op tests once more under compute-sanitizer.
   local memcheck_status=0
@@ -139,7 +139,7 @@ record() {
   local stamp
   stamp=$(date -u +%Y%m%dT%H%MZ)
   mkdir -p bench/results
-  for name in cuda_checks cuda_bench profile; do
+  for name in cuda_checks cuda_checks_rows64 cuda_bench profile; do
     [ -f "$from/$name.json" ] && cp "$from/$name.json" "bench/results/$stamp-h200-$name.json"
   done
   [ -f "$from/records.tgz" ] && tar xzf "$from/records.tgz" -C bench/results --wildcards '*.json'

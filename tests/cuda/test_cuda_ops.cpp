@@ -333,6 +333,8 @@ TEST(CudaOps, LinearW4A16) {
       {700, 2600, 8, DType::BF16, {1, 16}},       // K not a multiple of 32: one packed word per load
       // tensor cores: row halves, passes, split K; cuBLAS
       {2560, 9216, 32, DType::BF16, {8, 9, 32, 64, 300}},
+      // From 4096 rows the GEMM dequantizes in slices that stay within L2: 21M values in two slices.
+      {8192, 2560, 32, DType::BF16, {4100}},
       {1000, 4096, 128, DType::F16, {2, 17, 129}},  // features not a multiple of the 16-feature tile
       // K not a multiple of the 128-k chunk, N not of the 16-feature tile, split K
       {1000, 2624, 32, DType::F16, {1, 3, 8, 9, 16, 17, 64}},
