@@ -85,18 +85,6 @@ __device__ inline float* partial_row(const AttentionArgs& a, int64_t t, int head
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ inline uint32_t bf16_bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// (first, second) -> hi pair and lo pair, first in the low half.
-__device__ inline void split_pair(float first, float second, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 high = __floats2bfloat162_rn(first, second);
-  const float2 rounded = __bfloat1622float2(high);
-  hi = bf16_bits(high);
-  lo = bf16_bits(__floats2bfloat162_rn(first - rounded.x, second - rounded.y));
-}
-
 // Online softmax over one 16-key score tile of a warp's 16 rows: scores[n][e] is key first_key + 8n + 2 pair
 // + (e & 1) of row g (e < 2) or g + 8, keys at or past the row's limit masked. Updates the rows' running max
 // (raw scores) and this thread's part of their totals, returns the factor for the earlier sums and the

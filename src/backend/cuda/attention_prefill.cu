@@ -61,27 +61,19 @@ static_assert(kPairWarps / 2 * kPairWarpRows == kPairRows && kPairKeyTile % kKey
 // 8 floats as 16 bytes per part at dst (part p at dst + p * part_stride).
 template <int kParts>
 __device__ inline void store_chunk(uint16_t* dst, int64_t part_stride, const float (&x)[8]) {
-  if constexpr (kParts == 1) {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(bf16_pair(x[0], x[1]), bf16_pair(x[2], x[3]),
-                                                bf16_pair(x[4], x[5]), bf16_pair(x[6], x[7]));
-  } else {
-    uint4 hi, lo;
-    split_pair(x[0], x[1], hi.x, lo.x);
-    split_pair(x[2], x[3], hi.y, lo.y);
-    split_pair(x[4], x[5], hi.z, lo.z);
-    split_pair(x[6], x[7], hi.w, lo.w);
-    *reinterpret_cast<uint4*>(dst) = hi;
-    *reinterpret_cast<uint4*>(dst + part_stride) = lo;
-  }
+  uint4 hi, lo;
+  split_bf16_pair<kParts>(x[0], x[1], hi.x, lo.x);
+  split_bf16_pair<kParts>(x[2], x[3], hi.y, lo.y);
+  split_bf16_pair<kParts>(x[4], x[5], hi.z, lo.z);
+  split_bf16_pair<kParts>(x[6], x[7], hi.w, lo.w);
+  *reinterpret_cast<uint4*>(dst) = hi;
+  if constexpr (kParts == 2) *reinterpret_cast<uint4*>(dst + part_stride) = lo;
 }
 
 // A pair of weights as register i of the parts of a P fragment.
 template <int kParts>
 __device__ inline void store_pair(float first, float second, uint32_t (&p)[kParts][4], int i) {
-  if constexpr (kParts == 1)
-    p[0][i] = bf16_pair(first, second);
-  else
-    split_pair(first, second, p[0][i], p[1][i]);
+  split_bf16_pair<kParts>(first, second, p[0][i], p[kParts - 1][i]);
 }
 
 // c += a b for n8 tile n of an ldmatrix x4 B fragment (registers 2n, 2n + 1 of each part).

@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
                                           static_cast<int64_t>(kv * a.heads_per_kv + r % a.heads_per_kv) *
                                               kDim)[chunk];
     uint2 hi, lo;
-    split_pair(x.x, x.y, hi.x, lo.x);
-    split_pair(x.z, x.w, hi.y, lo.y);
+    split_bf16_pair<2>(x.x, x.y, hi.x, lo.x);
+    split_bf16_pair<2>(x.z, x.w, hi.y, lo.y);
     *reinterpret_cast<uint2*>(q_hi + r * kQueryStride + 4 * chunk) = hi;
     *reinterpret_cast<uint2*>(q_lo + r * kQueryStride + 4 * chunk) = lo;
   }
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
           const float2 low = *reinterpret_cast<const float2*>(key);
           const float2 high = *reinterpret_cast<const float2*>(key + 8);
           uint32_t kh0, kl0, kh1, kl1;
-          split_pair(low.x, low.y, kh0, kl0);
-          split_pair(high.x, high.y, kh1, kl1);
+          split_bf16_pair<2>(low.x, low.y, kh0, kl0);
+          split_bf16_pair<2>(high.x, high.y, kh1, kl1);
           mma_split(scores[n], qh, ql, kh0, kh1, kl0, kl1);
         }
       }
@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
       uint32_t p_hi[4], p_lo[4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        split_pair(weights[n][0], weights[n][1], p_hi[2 * n], p_lo[2 * n]);
-        split_pair(weights[n][2], weights[n][3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
+        split_bf16_pair<2>(weights[n][0], weights[n][1], p_hi[2 * n], p_lo[2 * n]);
+        split_bf16_pair<2>(weights[n][2], weights[n][3], p_hi[2 * n + 1], p_lo[2 * n + 1]);
       }
 #pragma unroll
       for (int n = 0; n < kDim / 8; ++n) {
@@ -201,10 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
         const float2 key8 = *reinterpret_cast<const float2*>(v + 8 * kValueStride);
         const float2 key9 = *reinterpret_cast<const float2*>(v + 9 * kValueStride);
         uint32_t even_hi0, even_lo0, even_hi1, even_lo1, odd_hi0, odd_lo0, odd_hi1, odd_lo1;
-        split_pair(key0.x, key1.x, even_hi0, even_lo0);
-        split_pair(key8.x, key9.x, even_hi1, even_lo1);
-        split_pair(key0.y, key1.y, odd_hi0, odd_lo0);
-        split_pair(key8.y, key9.y, odd_hi1, odd_lo1);
+        split_bf16_pair<2>(key0.x, key1.x, even_hi0, even_lo0);
+        split_bf16_pair<2>(key8.x, key9.x, even_hi1, even_lo1);
+        split_bf16_pair<2>(key0.y, key1.y, odd_hi0, odd_lo0);
+        split_bf16_pair<2>(key8.y, key9.y, odd_hi1, odd_lo1);
         mma_split(out[2 * j], p_hi, p_lo, even_hi0, even_hi1, even_lo0, even_lo1);
         mma_split(out[2 * j + 1], p_hi, p_lo, odd_hi0, odd_hi1, odd_lo0, odd_lo1);
       }

@@ -39,6 +39,18 @@ __device__ inline uint32_t bf16_pair(float low, float high) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
+// (low, high) as BF16 pairs in kParts parts: hi = bf16(x), and with two parts (split BF16) lo = bf16(x - hi)
+// (x - hi - lo ~ 2^-17 x). With one part lo is left alone: nothing reads it.
+template <int kParts>
+__device__ inline void split_bf16_pair(float low, float high, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 rounded = __floats2bfloat162_rn(low, high);
+  hi = *reinterpret_cast<const uint32_t*>(&rounded);
+  if constexpr (kParts == 2) {
+    const float2 back = __bfloat1622float2(rounded);
+    lo = bf16_pair(low - back.x, high - back.y);
+  }
+}
+
 // A ticket: the arrival count at `counter` before this one. Release: what this thread (or the block / warp
 // ordered before it by a barrier) stored is visible to whoever acquires a later ticket; acquire: the last
 // arrival sees what every earlier one stored. No full fence: one waits for every access in flight.

@@ -71,19 +71,6 @@ constexpr float kL2NormEps = 1e-6f;
 // shuffles. Its A matrices are stored pre-split by the prepare kernel: tile (m16, k16) = mt * (K / 16) + kt
 // holds the 32 lanes' hi registers (one uint4 each), then their lo registers.
 
-// (low, high) -> the hi pair and, with kParts == 2, the lo pair, low in the low half. With one part (BF16
-// operands) lo is left alone: nothing reads it.
-template <int kParts>
-__device__ inline void split_bf16_pair(float low, float high, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 rounded = __floats2bfloat162_rn(low, high);
-  hi = *reinterpret_cast<const uint32_t*>(&rounded);
-  if constexpr (kParts == 2) {
-    const float2 back = __bfloat1622float2(rounded);
-    const __nv_bfloat162 rest = __floats2bfloat162_rn(low - back.x, high - back.y);
-    lo = *reinterpret_cast<const uint32_t*>(&rest);
-  }
-}
-
 __device__ inline void mma_bf16(float (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"

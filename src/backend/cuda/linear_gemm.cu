@@ -84,13 +84,9 @@ __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* pack
     }
     values[j] = static_cast<float>(static_cast<int>((word >> (4 * j)) & 0xFu) - 8) * scale;
   }
-  uint32_t pairs[kValuesPerWord / 2];
-#pragma unroll
-  for (int j = 0; j < kValuesPerWord; j += 2) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(values[j], values[j + 1]);
-    pairs[j / 2] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  reinterpret_cast<uint4*>(out)[r * words_per_row + w] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+  reinterpret_cast<uint4*>(out)[r * words_per_row + w] =
+      make_uint4(bf16_pair(values[0], values[1]), bf16_pair(values[2], values[3]),
+                 bf16_pair(values[4], values[5]), bf16_pair(values[6], values[7]));
 }
 
 }  // namespace
