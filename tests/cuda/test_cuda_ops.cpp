@@ -341,6 +341,7 @@ TEST(CudaOps, LinearW4A16) {
       {1000, 4352, 128, DType::BF16, {1, 3, 8, 9, 16, 17, 64}},
       {9728, 2560, 128, DType::BF16, {1, 8, 9, 16}},  // the drafter's g128 shape
       {640, 2688, 64, DType::BF16, {1, 9, 16}},       // g64: two groups per 128-k chunk
+      {1000, 2688, 128, DType::BF16, {3, 16}},        // odd scale rows: no 4-byte scale copies
   };
   for (const Case& c : cases) {
     const int64_t groups = (c.k + c.group - 1) / c.group;
@@ -370,65 +371,70 @@ TEST(CudaOps, LinearW4A16XOfAnyRange) {
   struct Case {
     int rows, lowest, highest;  // row r of x scaled by 2^(lowest + (highest - lowest) r / (rows - 1))
   };
-  const int64_t n = 1000, k = 2624;
-  for (const int group : {32, 128}) {
-    const WeightPair packed = random_packed_int4(rng, n, k);
-    const int64_t groups = (k + group - 1) / group;
-    const WeightPair scales = b.weight(DType::BF16, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f));
-    const LinearWeight cpu_weight{n, k, {}, packed.cpu, scales.cpu, group};
-    const LinearWeight gpu_weight{n, k, {}, packed.gpu, scales.gpu, group};
-    for (const Case& c : {Case{1, 60, 60}, Case{1, -60, -60}, Case{3, -60, 60}, Case{16, -60, 60}}) {
-      auto row_exponent = [&](int r) {
-        return c.rows == 1 ? c.lowest : c.lowest + (c.highest - c.lowest) * r / (c.rows - 1);
-      };
-      std::vector<float> values = random_floats(rng, c.rows * k, -1.0f, 1.0f);
-      for (int r = 0; r < c.rows; ++r)
-        for (int64_t i = 0; i < k; ++i) values[r * k + i] = std::ldexp(values[r * k + i], row_exponent(r));
-      const TensorPair x = b.activation(c.rows, k, values);
-      TensorPair out = b.poisoned(c.rows, n);
-      on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
-      const std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
-      for (int r = 0; r < c.rows; ++r)
+  const int64_t n = 1000;
+  // K not a multiple of the chunk (the register-held kernel) and one that is (the ring kernel at 16 rows).
+  for (const int64_t k : {int64_t{2624}, int64_t{2560}})
+    for (const int group : {32, 128}) {
+      const WeightPair packed = random_packed_int4(rng, n, k);
+      const int64_t groups = (k + group - 1) / group;
+      const WeightPair scales =
+          b.weight(DType::BF16, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f));
+      const LinearWeight cpu_weight{n, k, {}, packed.cpu, scales.cpu, group};
+      const LinearWeight gpu_weight{n, k, {}, packed.gpu, scales.gpu, group};
+      for (const Case& c : {Case{1, 60, 60}, Case{1, -60, -60}, Case{3, -60, 60}, Case{16, -60, 60}}) {
+        auto row_exponent = [&](int r) {
+          return c.rows == 1 ? c.lowest : c.lowest + (c.highest - c.lowest) * r / (c.rows - 1);
+        };
+        std::vector<float> values = random_floats(rng, c.rows * k, -1.0f, 1.0f);
+        for (int r = 0; r < c.rows; ++r)
+          for (int64_t i = 0; i < k; ++i) values[r * k + i] = std::ldexp(values[r * k + i], row_exponent(r));
+        const TensorPair x = b.activation(c.rows, k, values);
+        TensorPair out = b.poisoned(c.rows, n);
+        on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
+        const std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
+        for (int r = 0; r < c.rows; ++r)
+          expect_close("linear",
+                       fmt::format("linear W4A16 g{} M={} N={} K={} row {} of x scaled by 2^{}", group,
+                                   c.rows, n, k, r, row_exponent(r)),
+                       std::vector<float>(gpu.begin() + r * n, gpu.begin() + (r + 1) * n),
+                       std::vector<float>(cpu.begin() + r * n, cpu.begin() + (r + 1) * n),
+                       kFp16LinearTolerance);
+      }
+      for (int rows : {1, 16}) {
+        // Row 0: its second chunk zeros; row 1: one infinite value; row 2: one NaN.
+        std::vector<float> values = random_floats(rng, rows * k, -1.0f, 1.0f);
+        std::fill(values.begin() + 128, values.begin() + 256, 0.0f);
+        if (rows > 1) {
+          values[k + 300] = std::numeric_limits<float>::infinity();
+          values[2 * k + 700] = std::numeric_limits<float>::quiet_NaN();
+        }
+        const TensorPair x = b.activation(rows, k, values);
+        TensorPair out = b.poisoned(rows, n);
+        on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
+        const std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
         expect_close("linear",
-                     fmt::format("linear W4A16 g{} M={} N={} K={} row {} of x scaled by 2^{}", group, c.rows,
-                                 n, k, r, row_exponent(r)),
-                     std::vector<float>(gpu.begin() + r * n, gpu.begin() + (r + 1) * n),
-                     std::vector<float>(cpu.begin() + r * n, cpu.begin() + (r + 1) * n),
-                     kFp16LinearTolerance);
-    }
-    for (int rows : {1, 16}) {
-      // Row 0: its second chunk zeros; row 1: one infinite value; row 2: one NaN.
-      std::vector<float> values = random_floats(rng, rows * k, -1.0f, 1.0f);
-      std::fill(values.begin() + 128, values.begin() + 256, 0.0f);
-      if (rows > 1) {
-        values[k + 300] = std::numeric_limits<float>::infinity();
-        values[2 * k + 700] = std::numeric_limits<float>::quiet_NaN();
-      }
-      const TensorPair x = b.activation(rows, k, values);
-      TensorPair out = b.poisoned(rows, n);
-      on_both([&](const Side& s) { s.backend.linear(s(out), s(x), s.gpu ? gpu_weight : cpu_weight); });
-      const std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
-      expect_close("linear", fmt::format("linear W4A16 g{} M={} row 0 with a chunk of zeros", group, rows),
-                   std::vector<float>(gpu.begin(), gpu.begin() + n),
-                   std::vector<float>(cpu.begin(), cpu.begin() + n), kFp16LinearTolerance);
-      int mismatched = 0, non_finite = 0;
-      for (size_t i = static_cast<size_t>(n); i < gpu.size(); ++i) {
-        if (!std::isfinite(cpu[i])) ++non_finite;
-        if (std::isfinite(gpu[i]) != std::isfinite(cpu[i])) ++mismatched;
-      }
-      if (rows > 1) {
-        recorded_checks().push_back(CheckResult{
-            "linear",
-            fmt::format(
-                "linear W4A16 g{} M=16 rows with inf / NaN x: outputs finite where the CPU's are (of {} "
-                "non-finite)",
-                group, non_finite),
-            static_cast<double>(mismatched), 0.0});
-        EXPECT_EQ(mismatched, 0) << "outputs finite on one side only";
-        EXPECT_GE(non_finite, 2 * n) << "the inf and NaN rows should make every output of theirs non-finite";
+                     fmt::format("linear W4A16 g{} M={} K={} row 0 with a chunk of zeros", group, rows, k),
+                     std::vector<float>(gpu.begin(), gpu.begin() + n),
+                     std::vector<float>(cpu.begin(), cpu.begin() + n), kFp16LinearTolerance);
+        int mismatched = 0, non_finite = 0;
+        for (size_t i = static_cast<size_t>(n); i < gpu.size(); ++i) {
+          if (!std::isfinite(cpu[i])) ++non_finite;
+          if (std::isfinite(gpu[i]) != std::isfinite(cpu[i])) ++mismatched;
+        }
+        if (rows > 1) {
+          recorded_checks().push_back(
+              CheckResult{"linear",
+                          fmt::format("linear W4A16 g{} M=16 K={} rows with inf / NaN x: outputs finite "
+                                      "where the CPU's are (of {} "
+                                      "non-finite)",
+                                      group, k, non_finite),
+                          static_cast<double>(mismatched), 0.0});
+          EXPECT_EQ(mismatched, 0) << "outputs finite on one side only";
+          EXPECT_GE(non_finite, 2 * n)
+              << "the inf and NaN rows should make every output of theirs non-finite";
+        }
       }
     }
-  }
 }
 
 // The GEMM's x operand (rows_to_bf16 of linear_gemm.cu), bit-exact against round-to-nearest-even on the host:
@@ -570,7 +576,7 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
         for (int64_t r = 0; r < kRows; ++r)
           cuda::check_cuda(
               cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w, workspace, nullptr,
-                                      cuda::LinearMmaTuning{0, 0, true, per_part}),
+                                      cuda::LinearMmaTuning{0, 0, true, per_part, true}),
               "linear with several splits per unit");
         cuda::check_cuda(cudaDeviceSynchronize(), "linear with several splits per unit");
         expect_close(
@@ -603,6 +609,56 @@ TEST(CudaOps, LinearRowsIndependentOfRowHalves) {
     const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
     expect_close("linear", fmt::format("linear W4A16 g32 M={} rows vs M=1 each, N={} K={}", rows, n, k),
                  batch, single, kExact);
+  }
+}
+
+// The shared-memory ring kernel (W4A16 of several rows) makes the register-held many-row kernel's sums bit
+// for bit: the same items and arithmetic, only the loads differ. Rows in one pass (2, 3, 16) and two (17,
+// 32), g32 (vector scales) and g128 with F16 scales, split K and not, features past the last tile, x rows
+// 16-byte aligned and not.
+TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
+  std::mt19937 rng(63);
+  auto& b = backends();
+  struct Case {
+    int64_t n, k;
+    int group;
+    DType scale_dtype;
+  };
+  for (const Case& c : {Case{2560, 9216, 32, DType::BF16}, Case{9216, 2560, 32, DType::BF16},
+                        Case{1000, 4096, 128, DType::F16}, Case{2560, 9216, 128, DType::BF16}}) {
+    const WeightPair packed = random_packed_int4(rng, c.n, c.k);
+    const int64_t groups = c.k / c.group;
+    const WeightPair scales =
+        b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
+    const LinearWeight w{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
+    for (int64_t rows : {2, 3, 16, 17, 32}) {
+      const TensorPair wide = b.activation(rows, c.k + 4, random_floats(rng, rows * (c.k + 4), -1.0f, 1.0f));
+      const cuda::LinearMmaWorkspaceSize size = cuda::linear_mma_workspace_size(rows, c.n, c.k);
+      const auto partials =
+          b.gpu().alloc(DType::F32, std::max<int64_t>(1, static_cast<int64_t>(size.partial_floats)), 1);
+      const auto counters =
+          b.gpu().alloc(DType::I32, std::max<int64_t>(1, static_cast<int64_t>(size.counters)), 1);
+      b.gpu().fill_zero(counters->tensor());
+      const cuda::LinearMmaWorkspace workspace{partials->tensor().ptr<float>(),
+                                               static_cast<unsigned*>(counters->tensor().data)};
+      for (int64_t offset : {4, 1}) {
+        const Tensor x = wide.gpu().cols_view(offset, c.k);
+        TensorPair ring = b.poisoned(rows, c.n), registers = b.poisoned(rows, c.n);
+        b.gpu().synchronize();
+        cuda::LinearMmaTuning register_kernel;
+        register_kernel.ring_kernel = false;
+        cuda::check_cuda(cuda::launch_linear_mma(ring.gpu(), x, w, workspace, nullptr), "ring kernel");
+        cuda::check_cuda(cuda::launch_linear_mma(registers.gpu(), x, w, workspace, nullptr, register_kernel),
+                         "register-held kernel");
+        cuda::check_cuda(cudaDeviceSynchronize(), "linear kernels");
+        expect_close(
+            "linear",
+            fmt::format("linear W4A16 g{} {} scales M={} N={} K={}, x at column {}: ring vs register-held "
+                        "kernel",
+                        c.group, dtype_label(c.scale_dtype), rows, c.n, c.k, offset),
+            b.read_gpu(ring.gpu()), b.read_gpu(registers.gpu()), kExact);
+      }
+    }
   }
 }
 

@@ -18,6 +18,11 @@ __device__ inline void cp_async_16(void* shared, const void* global, int source_
                : "memory");
 }
 
+__device__ inline void cp_async_8(void* shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address(shared)), "l"(global)
+               : "memory");
+}
+
 __device__ inline void cp_async_4(void* shared, const void* global, int source_bytes = 4) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(shared)), "l"(global),
                "r"(source_bytes)

@@ -57,12 +57,14 @@ struct LinearMmaWorkspaceSize {
 // split of K, and with it the order of a row's sums; grid_blocks (default: one block per item, or the
 // resident blocks of the one-row kernel) only how many blocks walk the work; one_row_kernel off sends one row
 // of x to the many-row kernel; row_splits_per_part sets the one-row kernel's unit, that many splits of K (the
-// sums stay the same).
+// sums stay the same); ring_kernel off keeps W4A16 weights of several rows in the register-held many-row
+// kernel instead of the shared-memory ring one (the same sums).
 struct LinearMmaTuning {
   int64_t chunks_per_split = 0;
   int64_t grid_blocks = 0;
   bool one_row_kernel = true;
   int64_t row_splits_per_part = 0;
+  bool ring_kernel = true;
 };
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
 LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features,

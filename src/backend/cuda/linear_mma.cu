@@ -33,8 +33,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/packed_int4_order.h"
@@ -184,6 +187,9 @@ struct PackedInt4Weights {
 
   static constexpr int kRowRingDepth =
       4;  // chunks in flight per warp in the one-row kernel (10-16 registers each, by scale mode)
+  // Passes of the one-row kernel's staging whose loads are issued together: two, unless the ring's registers
+  // (per-block scales) leave no room for them.
+  static constexpr int kRowStagePasses = kScales == ScaleLoad::PerBlock ? 1 : 2;
   static constexpr int kScaleWords = kScales == ScaleLoad::Vector     ? 2
                                      : kScales == ScaleLoad::PerChunk ? 1
                                                                       : 4;
@@ -236,6 +242,47 @@ struct PackedInt4Weights {
     w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
     load_scales<true>(r.scales_low, chunk, w.scale_low);
     load_scales<true>(r.scales_high, chunk, w.scale_high);
+    return w;
+  }
+
+  // The ring kernel (linear_ring_kernel) copies a whole chunk's words and scales to this lane's slots in
+  // shared memory (cp.async: nothing is held in registers while in flight) and reads them back as load_whole
+  // would have loaded them. Group 128 copies the aligned scale pair holding the chunk's scale (ring_takes
+  // checks the alignment).
+  static constexpr bool kRingCopies = kScales != ScaleLoad::PerBlock;
+
+  // Group 128's 4-byte scale copies need 4-byte aligned scale rows (vector scales are 8-byte aligned).
+  bool ring_aligned() const {
+    return kScales == ScaleLoad::Vector ||
+           (reinterpret_cast<uintptr_t>(scales) % 4 == 0 && scales_stride % 2 == 0);
+  }
+
+  __device__ void copy_whole_async(const Rows& r, int chunk, int q, uint4* low, uint4* high,
+                                   uint4* scales) const {
+    const int offset = chunk * kPackedChunkWords + 4 * q;
+    cp_async_16(low, r.packed_low + offset);
+    cp_async_16(high, r.packed_high + offset);
+    auto* scale_words = reinterpret_cast<uint32_t*>(scales);
+    if constexpr (kScales == ScaleLoad::Vector) {
+      cp_async_8(scale_words, r.scales_low + chunk * kChunkBlocks);
+      cp_async_8(scale_words + 2, r.scales_high + chunk * kChunkBlocks);
+    } else {
+      cp_async_4(scale_words, r.scales_low + (chunk & ~1));
+      cp_async_4(scale_words + 2, r.scales_high + (chunk & ~1));
+    }
+  }
+
+  __device__ static Loaded read_copied(const uint4& low, const uint4& high, const uint4& scales, int chunk) {
+    Loaded w;
+    w.low = low;
+    w.high = high;
+    if constexpr (kScales == ScaleLoad::Vector) {
+      w.scale_low[0] = scales.x, w.scale_low[1] = scales.y;
+      w.scale_high[0] = scales.z, w.scale_high[1] = scales.w;
+    } else {
+      w.scale_low[0] = chunk & 1 ? scales.x >> 16 : scales.x & 0xFFFFu;
+      w.scale_high[0] = chunk & 1 ? scales.z >> 16 : scales.z & 0xFFFFu;
+    }
     return w;
   }
 
@@ -308,6 +355,8 @@ struct Bf16Weights {
   int64_t blocks;
 
   static constexpr int kRowRingDepth = 2;  // 32 registers each
+  static constexpr int kRowStagePasses = 1;
+  static constexpr bool kRingCopies = false;
 
   struct Loaded {
     uint4 low[kChunkBlocks], high[kChunkBlocks];
@@ -439,55 +488,72 @@ struct XStage {
   int row_words, chunks;
 };
 
+// Writes group c (8 values) of staged row r in the form kForm; `valid` false: the lane only takes part in the
+// chunk's shuffles. FP16 x: the 16 lanes of a chunk find its largest |value| together, and the group
+// starting the chunk stores the chunk's inverse scale.
+template <XForm kForm>
+__device__ inline void store_group(const XStage& to, const float (&v)[8], int r, int c, bool valid) {
+  uint32_t* words = to.values + r * to.row_words + c * kXWords<kForm>;
+  if constexpr (kForm == XForm::Fp16Scaled) {
+    float largest = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) largest = fmaxf(largest, fabsf(v[j]));
+#pragma unroll
+    for (int lanes = 1; lanes < kChunkGroups; lanes *= 2)
+      largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, lanes));
+    const ChunkScale s = chunk_scale(largest);
+    uint32_t pairs[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) pairs[p] = half2_bits(__floats2half2_rn(v[p] * s.scale, v[p + 4] * s.scale));
+    if (valid) {
+      reinterpret_cast<uint4*>(words)[0] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+      if (c % kChunkGroups == 0) to.scales[r * to.chunks + c / kChunkGroups] = s.inverse;
+    }
+  } else if (valid) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      hi[p] = bf16_pair(v[p], v[p + 4]);
+      lo[p] = bf16_pair(v[p] - bf16_low(hi[p]), v[p + 4] - bf16_high(hi[p]));
+    }
+    reinterpret_cast<uint4*>(words)[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    reinterpret_cast<uint4*>(words)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+}
+
 // Stages `chunks` chunks of x rows [0, rows) from k0, in the form kForm: rows from rows_with_data on, and
 // values past in_features, are zeros. With `up` (rows at x's stride), x is the gated MLP's activation
-// silu(x) * up, made here as the silu_mul op makes it.
-template <XForm kForm, bool kAlignedX>
+// silu(x) * up, made here as the silu_mul op makes it. The loads of kPasses passes of kThreads groups of 8
+// values are issued together: a pass at a time waited one L2 round trip per pass (10 in a row for 16 rows of
+// 640 values).
+template <XForm kForm, bool kAlignedX, int kPasses>
 __device__ void stage_x(const XStage& to, const float* x, const float* up, int64_t x_stride,
                         int64_t in_features, int rows, int rows_with_data, int64_t k0) {
   const int groups = to.chunks * kChunkGroups, count = rows * groups;
   // Every thread takes every pass: the 16 lanes of a chunk (aligned, as groups and kThreads are multiples
   // of 16) find its largest value by shuffles.
-  for (int base = 0; base < count; base += kThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const int r = i / groups, c = i % groups;
-    const int64_t k = k0 + 8 * c;
-    float v[8] = {};
-    if (i < count && r < rows_with_data && k < in_features) {
-      load8<kAlignedX>(v, x + r * x_stride + k);
-      if (up != nullptr) {
-        float u[8];
-        load8<kAlignedX>(u, up + r * x_stride + k);
+  for (int base = 0; base < count; base += kPasses * kThreads) {
+    float v[kPasses][8], u[kPasses][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = silu_mul(v[j], u[j]);
-      }
+    for (int p = 0; p < kPasses; ++p) {
+      const int i = base + p * kThreads + static_cast<int>(threadIdx.x);
+      const int r = i / groups, c = i % groups;
+      const int64_t k = k0 + 8 * c;
+      const bool has_data = i < count && r < rows_with_data && k < in_features;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[p][j] = u[p][j] = 0.0f;
+      if (has_data) load8<kAlignedX>(v[p], x + r * x_stride + k);
+      if (has_data && up != nullptr) load8<kAlignedX>(u[p], up + r * x_stride + k);
     }
-    uint32_t* words = to.values + r * to.row_words + c * kXWords<kForm>;
-    if constexpr (kForm == XForm::Fp16Scaled) {
-      float largest = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) largest = fmaxf(largest, fabsf(v[j]));
+    for (int p = 0; p < kPasses; ++p) {
+      const int i = base + p * kThreads + static_cast<int>(threadIdx.x);
+      const int r = i / groups, c = i % groups;
+      if (up != nullptr && i < count && r < rows_with_data && k0 + 8 * c < in_features) {
 #pragma unroll
-      for (int lanes = 1; lanes < kChunkGroups; lanes *= 2)
-        largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, lanes));
-      const ChunkScale s = chunk_scale(largest);
-      uint32_t pairs[4];
-#pragma unroll
-      for (int p = 0; p < 4; ++p)
-        pairs[p] = half2_bits(__floats2half2_rn(v[p] * s.scale, v[p + 4] * s.scale));
-      if (i < count) {
-        reinterpret_cast<uint4*>(words)[0] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
-        if (c % kChunkGroups == 0) to.scales[r * to.chunks + c / kChunkGroups] = s.inverse;
+        for (int j = 0; j < 8; ++j) v[p][j] = silu_mul(v[p][j], u[p][j]);
       }
-    } else if (i < count) {
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        hi[p] = bf16_pair(v[p], v[p + 4]);
-        lo[p] = bf16_pair(v[p] - bf16_low(hi[p]), v[p + 4] - bf16_high(hi[p]));
-      }
-      reinterpret_cast<uint4*>(words)[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      reinterpret_cast<uint4*>(words)[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      store_group<kForm>(to, v[p], r, c, i < count);
     }
   }
 }
@@ -504,12 +570,11 @@ __device__ inline void fold_chunk(float (&acc)[kHalves][4], const float (&chunk)
 }
 
 // Sums of split partials in split order from zero (the rule that makes a row's result independent of the
-// call): element i's split s is at partials[s * split_stride + offset[i]]. The loads of 4 splits of every
-// element are issued together: one element at a time waited for each split's load in turn.
-template <int kCount>
+// call): element i's split s is at partials[s * split_stride + offset[i]]. The loads of kSplitsInFlight
+// splits of every element are issued together: each round is an L2 round trip on the call's tail.
+template <int kCount, int kSplitsInFlight>
 __device__ inline void sum_splits(const float* partials, int64_t split_stride, int splits,
                                   const int64_t (&offset)[kCount], float (&sum)[kCount]) {
-  constexpr int kSplitsInFlight = 4;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) sum[i] = 0.0f;
   for (int first = 0; first < splits; first += kSplitsInFlight) {
@@ -570,7 +635,7 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
       offset[b] = valid[b] ? (first_row + e / kGroupFeatures) * a.out_features + feature : 0;
     }
     float total[kBatch];
-    sum_splits<kBatch>(a.partials, a.rows * a.out_features, a.splits, offset, total);
+    sum_splits<kBatch, 4>(a.partials, a.rows * a.out_features, a.splits, offset, total);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b)
       if (valid[b]) {
@@ -592,6 +657,8 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
   constexpr XForm kForm = Weights::kX;
   constexpr bool kScaled = kForm == XForm::Fp16Scaled;
   constexpr int kRows = kHalves * 8;
+  constexpr int kStagePasses = kRows * kStageChunks * kChunkGroups / kThreads;  // a stage's loads in one go
+  static_assert(kStagePasses * kThreads == kRows * kStageChunks * kChunkGroups);
   // + 16 bytes (BF16 hi/lo: 8 words per 8 values) or 64 (FP16: 4 words): the 16-byte loads of rows g and
   // g + 1 fall on other banks.
   constexpr int kRowWords = kStageK * kXWords<kForm> / 8 + (kScaled ? 16 : 4);
@@ -648,8 +715,8 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
     const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
     __syncthreads();  // the previous stage's x is consumed
-    stage_x<kForm, kAlignedX>(x_stage, a.x + first_row * a.x_stride, nullptr, a.x_stride, a.in_features,
-                              kRows, rows_here, stage * kChunkK);
+    stage_x<kForm, kAlignedX, kStagePasses>(x_stage, a.x + first_row * a.x_stride, nullptr, a.x_stride,
+                                            a.in_features, kRows, rows_here, stage * kChunkK);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
@@ -691,6 +758,99 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
   };
   while (step(even, odd) && step(odd, even)) {
   }
+}
+
+// The many-row kernel for W4A16 weights whose chunks copy to shared memory (PackedInt4Weights::
+// kRingCopies), K whole chunks: the same items and arithmetic as linear_mma_kernel (so the same sums), but
+// each lane keeps kRingDepth chunks of its weights in flight through cp.async into its own shared-memory
+// slots (no registers held, no barrier: a lane reads only what it copied), and the item's x is staged once,
+// every chunk of it, before the first chunk is computed. The register-held kernel has one stage in flight
+// and an L2 round trip for x per chunk, so an item's chunks came one latency apart.
+constexpr int kRingDepth = 5;
+constexpr int kRingStagePasses = 5;  // an item's x (16 rows of 5 chunks: 10 passes) in two round trips
+
+struct RingLayout {
+  int row_words;  // staged x: FP16 words of a row of the item's chunks (+ 16: rows g and g + 1 on other
+                  // banks)
+  static constexpr int kSlotVectors = 3 * kRingDepth * kThreads;  // low, high and scale slots
+
+  __host__ __device__ static int row_words_for(int64_t chunks) {
+    return static_cast<int>(chunks) * kChunkGroups * kXWords<XForm::Fp16Scaled> + 16;
+  }
+  __host__ __device__ static int64_t bytes(int rows, int64_t chunks) {
+    return int64_t{kSlotVectors} * 16 + int64_t{rows} * row_words_for(chunks) * 4 + rows * chunks * 4;
+  }
+};
+
+template <typename Weights, int kHalves, bool kAlignedX>
+__global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
+    linear_ring_kernel(MmaArgs a, Weights weights) {
+  constexpr int kRows = kHalves * 8;
+  extern __shared__ uint4 ring_storage[];
+  __shared__ bool last_block;
+  const int t = static_cast<int>(threadIdx.x);
+  const int warp = t / kWarpSize, lane = t % kWarpSize;
+  const int g = lane / 4, q = lane % 4;
+  uint4* const low_slots = ring_storage;  // [kRingDepth][kThreads] each
+  uint4* const high_slots = low_slots + kRingDepth * kThreads;
+  uint4* const scale_slots = high_slots + kRingDepth * kThreads;
+
+  const MmaItem item = mma_item(a, blockIdx.x);
+  const int chunks = static_cast<int>(item.end_chunk - item.first_chunk);
+  const int64_t first_feature = (item.group * kWarps + warp) * kTileFeatures;
+  const typename Weights::Rows rows = weights.rows(min64(first_feature + g, a.out_features - 1),
+                                                   min64(first_feature + g + 8, a.out_features - 1));
+  // Chunk c of the item (if there is one) into slot c % kRingDepth; a group is committed either way, so
+  // that waiting for all but kRingDepth - 1 groups always means chunk c has landed.
+  auto copy_chunk = [&](int c) {
+    if (c < chunks) {
+      const int slot = (c % kRingDepth) * kThreads + t;
+      weights.copy_whole_async(rows, static_cast<int>(item.first_chunk) + c, q, low_slots + slot,
+                               high_slots + slot, scale_slots + slot);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int c = 0; c < kRingDepth; ++c) copy_chunk(c);  // weights only: before the wait (pdl.cuh)
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
+  const int row_words = RingLayout::row_words_for(chunks);
+  auto* x_values = reinterpret_cast<uint32_t*>(scale_slots + kRingDepth * kThreads);
+  const XStage x_stage{x_values, reinterpret_cast<float*>(x_values + kRows * row_words), row_words, chunks};
+  const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
+  const int rows_here = static_cast<int>(min64(a.rows - first_row, kRows));
+  stage_x<XForm::Fp16Scaled, kAlignedX, kRingStagePasses>(x_stage, a.x + first_row * a.x_stride, nullptr,
+                                                          a.x_stride, a.in_features, kRows, rows_here,
+                                                          item.first_chunk * kChunkK);
+  __syncthreads();
+
+  float acc[kHalves][4] = {};
+  for (int c = 0; c < chunks; ++c) {
+    cp_async_wait<kRingDepth - 1>();
+    const int slot = (c % kRingDepth) * kThreads + t;
+    const typename Weights::Loaded w = Weights::read_copied(
+        low_slots[slot], high_slots[slot], scale_slots[slot], static_cast<int>(item.first_chunk) + c);
+    float chunk_sums[kHalves][4] = {};
+#pragma unroll
+    for (int u = 0; u < kChunkBlocks; ++u) {
+      uint4 x[1][kHalves];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h)
+        x[0][h] =
+            *reinterpret_cast<const uint4*>(x_values + (h * 8 + g) * row_words +
+                                            ((c * kChunkBlocks + u) * 4 + q) * kXWords<XForm::Fp16Scaled>);
+      Weights::template accumulate<kHalves>(chunk_sums, w, u, x);
+    }
+    float inverse[kHalves][2];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) inverse[h][i] = x_stage.scales[(h * 8 + 2 * q + i) * chunks + c];
+    fold_chunk<kHalves>(acc, chunk_sums, inverse);
+    copy_chunk(c + kRingDepth);  // into the slot just read
+  }
+  finish_item<kHalves>(a, item, acc, first_feature, g, q, &last_block);
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
@@ -804,9 +964,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
                        staged_chunks};
   const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
   if (a.x_aligned)
-    stage_x<kForm, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
+    stage_x<kForm, true, Weights::kRowStagePasses>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   else
-    stage_x<kForm, false>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
+    stage_x<kForm, false, Weights::kRowStagePasses>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   __syncthreads();
 
   const int64_t n = a.out_features;
@@ -845,7 +1005,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     const int64_t summed = static_cast<int64_t>(computing.tile) * kTileFeatures + lane;
     if (lane < kTileFeatures && summed < n) {
       float sum[1];
-      sum_splits<1>(a.partials, n, a.splits, {summed}, sum);
+      sum_splits<1, 16>(a.partials, n, a.splits, {summed}, sum);
       a.out[summed] = sum[0];
     }
   };
@@ -921,6 +1081,29 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
                        static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights);
 }
 
+// The ring kernel's shared memory is at most this (4 blocks of it fit an H200 SM's 227 KB).
+constexpr int64_t kRingMaxBytes = 56 * 1024;
+
+// QSPEC_RING_KERNEL=0 sends W4A16 to the register-held many-row kernel (an A/B switch).
+bool ring_kernel_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("QSPEC_RING_KERNEL");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
+
+template <typename Weights, int kHalves, bool kAlignedX>
+cudaError_t launch_ring_kernel(const MmaArgs& args, const Weights& weights, int64_t bytes,
+                               cudaStream_t stream) {
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(linear_ring_kernel<Weights, kHalves, kAlignedX>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
+  if (attribute != cudaSuccess) return attribute;
+  return launch_kernel(linear_ring_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
+                       kThreads, static_cast<size_t>(bytes), stream, args, weights);
+}
+
 template <typename Weights, int kHalves>
 cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                        const Weights& weights, const LinearMmaWorkspace& workspace,
@@ -943,6 +1126,14 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      workspace.partials,
                      workspace.counters};
   const bool aligned_x = rows_aligned_to_float4(x);
+  if constexpr (Weights::kRingCopies) {
+    const int64_t bytes = RingLayout::bytes(kHalves * 8, split.chunks_per_split);
+    if (tuning.ring_kernel && tuning.grid_blocks == 0 && ring_kernel_enabled() &&
+        whole_chunk_loads(in_features) && weights.ring_aligned() && bytes <= kRingMaxBytes) {
+      if (aligned_x) return launch_ring_kernel<Weights, kHalves, true>(args, weights, bytes, stream);
+      return launch_ring_kernel<Weights, kHalves, false>(args, weights, bytes, stream);
+    }
+  }
   // Vector scales come with whole chunks only: their kernels without whole chunks are never built.
   const bool whole = Weights::kAlwaysWhole || whole_chunk_loads(in_features);
   if constexpr (!Weights::kAlwaysWhole) {
