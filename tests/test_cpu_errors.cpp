@@ -67,6 +67,16 @@ TEST_F(CpuErrors, Mlp) {
                {"mlp", "gate_up must not alias x or out"});
 }
 
+// The gated attention's output projection: gate shaped as x, out as x W^T.
+TEST_F(CpuErrors, SigmoidGatedLinear) {
+  TestTensor x = f32(2, 16), gate = f32(2, 16), out = f32(2, 4), w(DType::BF16, 4, 16);
+  const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
+  expect_error([&] { backend->sigmoid_gated_linear(out.view(), x.view(), f32(2, 15).view(), weight); },
+               {"sigmoid_gated_linear", "gate", "[2, 15]", "[2, 16]"});
+  expect_error([&] { backend->sigmoid_gated_linear(f32(2, 5).view(), x.view(), gate.view(), weight); },
+               {"linear", "out", "[2, 5]", "[2, 4]"});
+}
+
 TEST_F(CpuErrors, LinearW4A16) {
   TestTensor x = f32(2, 64), out = f32(2, 4);
   TestTensor packed(DType::I32, 4, 8), scales(DType::BF16, 4, 2), packed_f32 = f32(4, 8);

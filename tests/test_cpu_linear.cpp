@@ -143,5 +143,22 @@ TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
   for (int64_t n = 0; n < 70; ++n) EXPECT_EQ(all.get(3, n), one.get(0, n));
 }
 
+// The gated attention's output projection (Backend::sigmoid_gated_linear) is sigmoid_mul then linear: the
+// same values, bit for bit.
+TEST(CpuLinear, SigmoidGatedLinearIsSigmoidMulThenLinear) {
+  std::mt19937 rng(4);
+  auto backend = make_cpu_backend();
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 96),
+             gate = cpu_test::random_tensor(rng, DType::F32, 3, 96);
+  TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 40, 96);
+  const LinearWeight weight{40, 96, w.view(), {}, {}, 0};
+  TestTensor gated(DType::F32, 3, 96), fused(DType::F32, 3, 40), two_ops(DType::F32, 3, 40);
+  backend->sigmoid_mul(gated.view(), x.view(), gate.view());
+  backend->linear(two_ops.view(), gated.view(), weight);
+  backend->sigmoid_gated_linear(fused.view(), x.view(), gate.view(), weight);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
+}
+
 }  // namespace
 }  // namespace qspec

@@ -122,6 +122,12 @@ void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w
   }
 }
 
+void check_sigmoid_gated_linear_args(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                     const LinearWeight& w) {
+  check_elementwise_args("sigmoid_gated_linear", "x", "gate", x, x, gate);
+  check_linear_args(out, x, w);
+}
+
 void check_mlp_args(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                     const LinearWeight& w_gate_up, const LinearWeight& w_down) {
   if (w_gate_up.out_features != 2 * w_down.in_features)

@@ -46,6 +46,13 @@ void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor&
   gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
 }
 
+void Backend::sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                   const LinearWeight& w) {
+  check_sigmoid_gated_linear_args(out, x, gate, w);
+  sigmoid_mul(x, x, gate);
+  linear(out, x, w);
+}
+
 void Backend::mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                   const LinearWeight& w_gate_up, const LinearWeight& w_down) {
   check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);

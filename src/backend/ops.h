@@ -135,6 +135,11 @@ class Backend {
                    const LinearWeight& w_gate_up, const LinearWeight& w_down);
   // out = x * sigmoid(gate)
   virtual void sigmoid_mul(const Tensor& out, const Tensor& x, const Tensor& gate) = 0;
+  // The gated attention's output projection: out = (x * sigmoid(gate)) W^T. x is the op's scratch: the
+  // default writes x * sigmoid(gate) into it and runs linear; a backend may fuse the two (values as the two
+  // ops make them).
+  virtual void sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                    const LinearWeight& w);
   // q_proj output [T, nh * 2 * hd] interleaved per head (query, gate) -> query [T, nh*hd], gate [T, nh*hd]
   virtual void split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim) = 0;
   // In place, NeoX (rotate-half) pairing (i, i + rotary_dim/2) over the first rotary_dim dims of each head.

@@ -259,8 +259,7 @@ void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& 
                               state.v_cache->tensor(), positions, prologue);
   AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
   backend_.attention(o, q, state.k_cache->tensor(), state.v_cache->tensor(), positions, shape);
-  backend_.sigmoid_mul(o, o, gate);
-  backend_.linear(out, o, layer.o_proj);
+  backend_.sigmoid_gated_linear(out, o, gate, layer.o_proj);
 }
 
 ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> tokens,

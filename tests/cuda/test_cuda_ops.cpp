@@ -451,7 +451,7 @@ TEST(CudaOps, RowsToBf16) {
     b.gpu().write(out->tensor(), poison.data());
     b.gpu().synchronize();
     ASSERT_EQ(cuda::launch_rows_to_bf16(out->tensor().data, x.gpu().cols_view(c.first_col, c.cols), nullptr,
-                                        nullptr),
+                                        cuda::RowGate::None, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
     std::vector<uint16_t> bits(count);
@@ -727,6 +727,33 @@ TEST(CudaOps, MlpManyRows) {
     expect_close("mlp", label + " vs linear, silu_mul, linear", b.read_gpu(m.out.gpu()),
                  b.read_gpu(three.gpu()), kExact);
   }
+}
+
+// The gated attention's output projection (Backend::sigmoid_gated_linear): above kLinearMmaMaxRows rows the
+// CUDA backend makes x * sigmoid(gate) in the pass that rounds x to BF16 (GemmLinear::run_gated), which must
+// give sigmoid_mul then linear on the GPU bit for bit; below, the two ops. Against the CPU: the linear's
+// tolerance. The 4B's o_proj shape (4096 -> 2560) and odd columns (element-wise conversion).
+TEST(CudaOps, SigmoidGatedLinear) {
+  std::mt19937 rng(65);
+  auto& b = backends();
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2560, 4096}, std::pair<int64_t, int64_t>{300, 1003}})
+    for (int64_t rows : {16, 200}) {
+      const WeightPair w = b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f));
+      const LinearWeight cpu_weight{n, k, w.cpu, {}, {}, 0}, gpu_weight{n, k, w.gpu, {}, {}, 0};
+      const std::vector<float> x_values = random_floats(rng, rows * k, -2.0f, 2.0f);
+      const TensorPair x = b.activation(rows, k, x_values), x_copy = b.activation(rows, k, x_values);
+      const TensorPair gate = b.activation(rows, k, random_floats(rng, rows * k, -4.0f, 4.0f));
+      TensorPair out = b.poisoned(rows, n), two_ops = b.poisoned(rows, n);
+      on_both([&](const Side& s) {
+        s.backend.sigmoid_gated_linear(s(out), s(x), s(gate), s.gpu ? gpu_weight : cpu_weight);
+      });
+      b.gpu().sigmoid_mul(x_copy.gpu(), x_copy.gpu(), gate.gpu());
+      b.gpu().linear(two_ops.gpu(), x_copy.gpu(), gpu_weight);
+      const std::string label = fmt::format("sigmoid_gated_linear [{}, {}] -> {}", rows, k, n);
+      compare("linear", label, out, linear_tolerance(x_copy.gpu(), gpu_weight));
+      expect_close("linear", label + " vs sigmoid_mul, linear", b.read_gpu(out.gpu()),
+                   b.read_gpu(two_ops.gpu()), kExact);
+    }
 }
 
 TEST(CudaOps, Elementwise) {

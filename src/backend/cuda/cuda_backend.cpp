@@ -245,7 +245,21 @@ class CudaBackend final : public Backend {
           "mlp down projection (tensor cores)");
       return;
     }
-    gemm_linear().run_gated(out, gate_up, w_down, stream());
+    const int64_t intermediate = w_down.in_features;
+    gemm_linear().run_gated(out, gate_up.cols_view(0, intermediate),
+                            gate_up.cols_view(intermediate, intermediate).ptr<const float>(),
+                            RowGate::SiluMul, w_down, stream());
+  }
+
+  // Prefill: x * sigmoid(gate) made by the pass that rounds x to BF16 for cuBLAS (x left as it is).
+  void sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
+                            const LinearWeight& w) override {
+    if (!gemm_takes(x, w) || gate.stride != x.stride) {
+      Backend::sigmoid_gated_linear(out, x, gate, w);  // checks the arguments itself
+      return;
+    }
+    check_sigmoid_gated_linear_args(out, x, gate, w);
+    gemm_linear().run_gated(out, x, gate.ptr<const float>(), RowGate::SigmoidMul, w, stream());
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
