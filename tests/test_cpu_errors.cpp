@@ -47,24 +47,20 @@ TEST_F(CpuErrors, Linear) {
       {"linear", "weight", "[3, 16]", "[4, 16]"});
 }
 
-// The gated MLP: the gate|up weight twice the intermediate size, act shaped [T, I], scratch apart from x and
-// out.
-TEST_F(CpuErrors, Mlp) {
-  TestTensor x = f32(2, 16), out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8);
-  TestTensor w_gate_up(DType::BF16, 16, 16), w_down(DType::BF16, 16, 8), w_wide(DType::BF16, 12, 16);
-  const LinearWeight gate_up_weight{16, 16, w_gate_up.view(), {}, {}, 0},
-      down{16, 8, w_down.view(), {}, {}, 0};
+// The gated MLP's down projection: gate_up twice the weight's in_features wide, act shaped [T, I] and apart
+// from gate_up and out.
+TEST_F(CpuErrors, SiluGatedLinear) {
+  TestTensor out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8), w_down(DType::BF16, 16, 8);
+  const LinearWeight down{16, 8, w_down.view(), {}, {}, 0};
+  expect_error([&] { backend->silu_gated_linear(out.view(), f32(2, 12).view(), act.view(), down); },
+               {"silu_gated_linear", "gate_up", "[2, 12]", "[2, 16]"});
+  expect_error([&] { backend->silu_gated_linear(out.view(), gate_up.view(), f32(2, 7).view(), down); },
+               {"silu_gated_linear", "act", "[2, 7]", "[2, 8]"});
   expect_error(
-      [&] {
-        backend->mlp(out.view(), gate_up.view(), act.view(), x.view(), {12, 16, w_wide.view(), {}, {}, 0},
-                     down);
-      },
-      {"mlp", "12 output features", "twice", "(16)"});
-  expect_error(
-      [&] { backend->mlp(out.view(), gate_up.view(), f32(2, 7).view(), x.view(), gate_up_weight, down); },
-      {"mlp", "act", "[2, 7]", "[2, 8]"});
-  expect_error([&] { backend->mlp(out.view(), x.view(), act.view(), x.view(), gate_up_weight, down); },
-               {"mlp", "gate_up must not alias x or out"});
+      [&] { backend->silu_gated_linear(out.view(), gate_up.view(), gate_up.view().cols_view(8, 8), down); },
+      {"silu_gated_linear", "act must not overlap gate_up or out"});
+  expect_error([&] { backend->silu_gated_linear(f32(2, 5).view(), gate_up.view(), act.view(), down); },
+               {"linear", "out", "[2, 5]", "[2, 16]"});
 }
 
 // The gated attention's output projection: gate shaped as x, out as x W^T.

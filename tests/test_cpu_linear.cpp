@@ -160,5 +160,22 @@ TEST(CpuLinear, SigmoidGatedLinearIsSigmoidMulThenLinear) {
     for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
 }
 
+// The gated MLP's down projection (Backend::silu_gated_linear) is silu_mul then linear: the same values, bit
+// for bit.
+TEST(CpuLinear, SiluGatedLinearIsSiluMulThenLinear) {
+  std::mt19937 rng(5);
+  auto backend = make_cpu_backend();
+  TestTensor gate_up = cpu_test::random_tensor(rng, DType::F32, 3, 192);
+  TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 40, 96);
+  const LinearWeight weight{40, 96, w.view(), {}, {}, 0};
+  TestTensor act(DType::F32, 3, 96), gated(DType::F32, 3, 96), fused(DType::F32, 3, 40),
+      two_ops(DType::F32, 3, 40);
+  backend->silu_mul(gated.view(), gate_up.view().cols_view(0, 96), gate_up.view().cols_view(96, 96));
+  backend->linear(two_ops.view(), gated.view(), weight);
+  backend->silu_gated_linear(fused.view(), gate_up.view(), act.view(), weight);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
+}
+
 }  // namespace
 }  // namespace qspec

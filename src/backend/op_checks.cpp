@@ -128,16 +128,14 @@ void check_sigmoid_gated_linear_args(const Tensor& out, const Tensor& x, const T
   check_linear_args(out, x, w);
 }
 
-void check_mlp_args(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                    const LinearWeight& w_gate_up, const LinearWeight& w_down) {
-  if (w_gate_up.out_features != 2 * w_down.in_features)
-    fail("mlp: the gate|up weight has {} output features, expected twice the down weight's in_features ({})",
-         w_gate_up.out_features, 2 * w_down.in_features);
-  check_linear_args(gate_up, x, w_gate_up);
-  require_shape("mlp", "act", act, x.rows, w_down.in_features);
-  check_linear_args(out, act, w_down);
-  for (const auto& [name, scratch] : {std::pair{"gate_up", &gate_up}, std::pair{"act", &act}})
-    if (scratch->data == x.data || scratch->data == out.data) fail("mlp: {} must not alias x or out", name);
+void check_silu_gated_linear_args(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                  const LinearWeight& w) {
+  require_activation("silu_gated_linear", "gate_up", gate_up);
+  require_shape("silu_gated_linear", "gate_up", gate_up, gate_up.rows, 2 * w.in_features);
+  require_shape("silu_gated_linear", "act", act, gate_up.rows, w.in_features);
+  check_linear_args(out, act, w);
+  if (act.overlaps(gate_up) || act.overlaps(out))
+    fail("silu_gated_linear: act must not overlap gate_up or out");
 }
 
 void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,

@@ -37,12 +37,12 @@ void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& de
 // gated_rmsnorm's gate z, shaped as x.
 void check_norm_gate_args(const Tensor& z, const Tensor& x);
 void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w);
-// mlp: w_gate_up [2I, H], w_down [H, I]; gate_up [T, 2I] and act [T, I] distinct from x and out.
 // sigmoid_gated_linear: x and gate F32 of one shape, out = x W^T's shape.
 void check_sigmoid_gated_linear_args(const Tensor& out, const Tensor& x, const Tensor& gate,
                                      const LinearWeight& w);
-void check_mlp_args(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                    const LinearWeight& w_gate_up, const LinearWeight& w_down);
+// silu_gated_linear: gate_up [T, 2I] and act [T, I] for w [N, I], act distinct from gate_up and out.
+void check_silu_gated_linear_args(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                  const LinearWeight& w);
 // add, silu_mul, sigmoid_mul: out = combine(a, b), all F32 of one shape.
 void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,
                             const Tensor& out, const Tensor& a, const Tensor& b);

@@ -53,13 +53,12 @@ void Backend::sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Ten
   linear(out, x, w);
 }
 
-void Backend::mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                  const LinearWeight& w_gate_up, const LinearWeight& w_down) {
-  check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
-  const int64_t intermediate = w_down.in_features;
-  linear(gate_up, x, w_gate_up);
+void Backend::silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                const LinearWeight& w) {
+  check_silu_gated_linear_args(out, gate_up, act, w);
+  const int64_t intermediate = w.in_features;
   silu_mul(act, gate_up.cols_view(0, intermediate), gate_up.cols_view(intermediate, intermediate));
-  linear(out, act, w_down);
+  linear(out, act, w);
 }
 
 }  // namespace qspec

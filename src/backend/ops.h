@@ -128,11 +128,11 @@ class Backend {
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // out = silu(gate) * up
   virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
-  // The gated MLP: out = down(silu(gate) * up), [gate | up] = x W_gate_up^T (gate the first half of its
-  // columns). gate_up [T, 2I] and act [T, I] are the op's scratch: the default runs linear, silu_mul and
-  // linear through them; a backend may fuse the three (values as the three ops make them).
-  virtual void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                   const LinearWeight& w_gate_up, const LinearWeight& w_down);
+  // The gated MLP's down projection: out = (silu(gate) * up) W^T for gate_up [T, 2I] = [gate | up]. act
+  // [T, I] is the op's scratch: the default writes silu(gate) * up into it and runs linear; a backend may
+  // fuse the two (values as the two ops make them).
+  virtual void silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                 const LinearWeight& w);
   // out = x * sigmoid(gate)
   virtual void sigmoid_mul(const Tensor& out, const Tensor& x, const Tensor& gate) = 0;
   // The gated attention's output projection: out = (x * sigmoid(gate)) W^T. x is the op's scratch: the

@@ -130,14 +130,8 @@ void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const 
 
 void gated_mlp(Backend& backend, const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                const StackedLinear& gate_up_weight, const LinearWeight& down) {
-  if (gate_up_weight.parts.size() == 1) {
-    backend.mlp(out, gate_up, act, x, gate_up_weight.parts.front(), down);
-    return;
-  }
-  const int64_t intermediate = down.in_features;
   stacked_linear(backend, gate_up, x, gate_up_weight);
-  backend.silu_mul(act, gate_up.cols_view(0, intermediate), gate_up.cols_view(intermediate, intermediate));
-  backend.linear(out, act, down);
+  backend.silu_gated_linear(out, gate_up, act, down);
 }
 
 }  // namespace qspec

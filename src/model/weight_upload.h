@@ -39,8 +39,8 @@ StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t
 // out [T, stacked.out_features] = x W^T for every module.
 void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked);
 
-// The gated MLP, out = down(silu(gate) * up), through the scratch gate_up [T, 2I] and act [T, I]: one
-// Backend::mlp when gate and up are stacked in one weight (the backend may fuse it), else the three ops.
+// The gated MLP, out = down(silu(gate) * up), through the scratch gate_up [T, 2I] and act [T, I]: the gate|up
+// projection, then Backend::silu_gated_linear.
 void gated_mlp(Backend& backend, const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                const StackedLinear& gate_up_weight, const LinearWeight& down);
 

@@ -638,8 +638,15 @@ struct MlpCase {
   }
 };
 
-// Backend::mlp of `rows` random rows of x on both backends: the weights (their buffers kept here), x, the
-// op's scratch gate_up and act, and its output.
+// The gated MLP as the model runs it: the gate|up linear, then Backend::silu_gated_linear.
+void run_gated_mlp(Backend& backend, const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                   const Tensor& x, const LinearWeight& w_gate_up, const LinearWeight& w_down) {
+  backend.linear(gate_up, x, w_gate_up);
+  backend.silu_gated_linear(out, gate_up, act, w_down);
+}
+
+// The gated MLP of `rows` random rows of x on both backends: the weights (their buffers kept here), x, the
+// scratch gate_up and act, and the output.
 struct MlpCall {
   std::vector<WeightPair> keep;
   LinearWeight gate_up_cpu, gate_up_gpu, down_cpu, down_gpu;
@@ -658,17 +665,17 @@ MlpCall call_mlp(std::mt19937& rng, const MlpCase& c, int64_t rows) {
   m.act = b.poisoned(rows, c.intermediate);
   m.out = b.poisoned(rows, c.hidden);
   on_both([&](const Side& s) {
-    s.backend.mlp(s(m.out), s(m.gate_up), s(m.act), s(m.x), s.gpu ? m.gate_up_gpu : m.gate_up_cpu,
+    run_gated_mlp(s.backend, s(m.out), s(m.gate_up), s(m.act), s(m.x), s.gpu ? m.gate_up_gpu : m.gate_up_cpu,
                   s.gpu ? m.down_gpu : m.down_cpu);
   });
   return m;
 }
 
-// The gated MLP (Backend::mlp): at one row the CUDA backend's down projection makes silu(gate) * up while it
-// stages x (no silu_mul launch), which must give the three ops' values bit for bit (linear, silu_mul, linear
-// on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone; all of it against the CPU
-// too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's), F16 scales at small K (3 and 5 chunks), BF16
-// weights, and K not a multiple of 32 (the three ops at one row too).
+// The gated MLP (linear, Backend::silu_gated_linear): at one row the CUDA backend's down projection makes
+// silu(gate) * up while it stages x (no silu_mul launch), which must give the three ops' values bit for bit
+// (linear, silu_mul, linear on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone;
+// all of it against the CPU too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's), F16 scales at small K
+// (3 and 5 chunks), BF16 weights, and K not a multiple of 32 (the three ops at one row too).
 TEST(CudaOps, Mlp) {
   std::mt19937 rng(63);
   auto& b = backends();
@@ -679,8 +686,8 @@ TEST(CudaOps, Mlp) {
     const MlpCall m = call_mlp(rng, c, kRows);
     TensorPair alone = b.poisoned(kRows, c.hidden);
     for (int64_t r = 0; r < kRows; ++r)
-      b.gpu().mlp(alone.gpu().rows_view(r, 1), m.gate_up.gpu().rows_view(r, 1), m.act.gpu().rows_view(r, 1),
-                  m.x.gpu().rows_view(r, 1), m.gate_up_gpu, m.down_gpu);
+      run_gated_mlp(b.gpu(), alone.gpu().rows_view(r, 1), m.gate_up.gpu().rows_view(r, 1),
+                    m.act.gpu().rows_view(r, 1), m.x.gpu().rows_view(r, 1), m.gate_up_gpu, m.down_gpu);
     const std::string label = c.label();
     // The three ops on the GPU, at 16 rows and at each row alone.
     TensorPair three = b.poisoned(kRows, c.hidden), three_alone = b.poisoned(kRows, c.hidden);

@@ -224,31 +224,29 @@ class CudaBackend final : public Backend {
       check_cuda(launch_dense_linear(out, x, w.weight, stream()), "linear (dense)");
   }
 
-  // One row (decode): the down projection stages silu(gate) * up itself, no silu_mul launch (act unused).
-  // More rows than the tensor-core linears take (prefill): the down projection's BF16 operand is made from
-  // gate_up in one pass (GemmLinear::run_gated; act unused). Between the two, the three ops: the many-row
-  // kernel stages x on its critical path, where the activation made verify 3% slower (H200, session 6). The
-  // values are the same every way.
-  void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-           const LinearWeight& w_gate_up, const LinearWeight& w_down) override {
-    const bool one_row = gated_linear_mma_supports(gate_up, w_down);
-    const bool gemm = gemm_takes(x, w_down);
+  // One row (decode): the tensor-core linear stages silu(gate) * up itself, no silu_mul launch (act unused).
+  // More rows than the tensor-core linears take (prefill): the BF16 operand is made from gate_up in one pass
+  // (GemmLinear::run_gated; act unused). Between the two, the two ops: the many-row kernel stages x on its
+  // critical path, where the activation made verify 3% slower (H200, session 6). The values are the same
+  // every way.
+  void silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                         const LinearWeight& w) override {
+    const bool one_row = gated_linear_mma_supports(gate_up, w);
+    const bool gemm = gemm_takes(gate_up, w);
     if (!one_row && !gemm) {
-      Backend::mlp(out, gate_up, act, x, w_gate_up, w_down);  // checks the arguments itself
+      Backend::silu_gated_linear(out, gate_up, act, w);  // checks the arguments itself
       return;
     }
-    check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
-    linear(gate_up, x, w_gate_up);
+    check_silu_gated_linear_args(out, gate_up, act, w);
     if (one_row) {
-      check_cuda(
-          launch_gated_linear_mma(out, gate_up, w_down, linear_mma_workspace(x.rows, w_down), stream()),
-          "mlp down projection (tensor cores)");
+      check_cuda(launch_gated_linear_mma(out, gate_up, w, linear_mma_workspace(gate_up.rows, w), stream()),
+                 "silu_gated_linear (tensor cores)");
       return;
     }
-    const int64_t intermediate = w_down.in_features;
+    const int64_t intermediate = w.in_features;
     gemm_linear().run_gated(out, gate_up.cols_view(0, intermediate),
                             gate_up.cols_view(intermediate, intermediate).ptr<const float>(),
-                            RowGate::SiluMul, w_down, stream());
+                            RowGate::SiluMul, w, stream());
   }
 
   // Prefill: x * sigmoid(gate) made by the pass that rounds x to BF16 for cuBLAS (x left as it is).
