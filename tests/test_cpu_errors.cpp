@@ -1,6 +1,8 @@
 // Bad arguments to CPU ops: each gets one qspec::Error naming the op, the argument and what was expected.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "backend/cpu/gated_delta_rule.h"
 #include "cpu_op_testing.h"
 #include "io/safetensors.h"
@@ -150,6 +152,27 @@ TEST_F(CpuErrors, Norms) {
   TestTensor w15 = f32(1, 15), z = f32(3, 30);
   expect_error([&] { backend->gated_rmsnorm(out.view(), x.view(), w15.view(), z.view(), 1e-6f); },
                {"gated_rmsnorm", "z", "[3, 30]", "[2, 30]"});
+}
+
+// A sublayer's norm and its projections: delta shaped as x, each projection as linear checks it, and no
+// output over an input or the normed rows.
+TEST_F(CpuErrors, AddRmsnormLinear) {
+  TestTensor x = f32(2, 16), delta = f32(2, 16), normed = f32(2, 16), out = f32(2, 4), norm = f32(1, 16);
+  TestTensor w(DType::BF16, 4, 16);
+  const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
+  auto call = [&](const Tensor& projection_out, const Tensor& normed_rows, const Tensor& d) {
+    const std::vector<LinearProjection> projections = {{projection_out, weight}};
+    backend->add_rmsnorm_linear(projections, normed_rows, NormedRows::Scratch, x.view(), d, norm.view(),
+                                1e-6f, true);
+  };
+  expect_error([&] { call(out.view(), normed.view(), f32(2, 15).view()); },
+               {"add_rmsnorm_linear", "delta", "[2, 15]", "[2, 16]"});
+  expect_error([&] { call(out.view(), x.view(), delta.view()); },
+               {"add_rmsnorm_linear", "normed must not overlap x or delta"});
+  expect_error([&] { call(f32(2, 5).view(), normed.view(), delta.view()); },
+               {"linear", "out", "[2, 5]", "[2, 4]"});
+  expect_error([&] { call(delta.view().cols_view(0, 4), normed.view(), delta.view()); },
+               {"add_rmsnorm_linear", "projections[0].out overlaps normed, x or delta"});
 }
 
 TEST_F(CpuErrors, ElementwiseAndSplit) {

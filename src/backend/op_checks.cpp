@@ -96,6 +96,24 @@ void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& de
     fail("add_rmsnorm: out must not alias x or delta (x is updated before out is written)");
 }
 
+void check_add_rmsnorm_linear_args(std::span<const LinearProjection> projections, const Tensor& normed,
+                                   const Tensor& x, const Tensor& delta, const Tensor& weight) {
+  constexpr std::string_view op = "add_rmsnorm_linear";
+  check_norm_args(op, normed, x, weight);
+  if (!delta.empty()) {
+    require_activation(op, "delta", delta);
+    require_shape(op, "delta", delta, x.rows, x.cols);
+  }
+  if (normed.overlaps(x) || normed.overlaps(delta))
+    fail("{}: normed must not overlap x or delta (x is updated before normed is written)", op);
+  for (size_t i = 0; i < projections.size(); ++i) {
+    const Tensor& out = projections[i].out;
+    check_linear_args(out, normed, projections[i].w);
+    if (out.overlaps(normed) || out.overlaps(x) || out.overlaps(delta))
+      fail("{}: projections[{}].out overlaps normed, x or delta", op, i);
+  }
+}
+
 void check_norm_gate_args(const Tensor& z, const Tensor& x) {
   require_activation("gated_rmsnorm", "z", z);
   require_shape("gated_rmsnorm", "z", z, x.rows, x.cols);

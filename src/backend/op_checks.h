@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "backend/ops.h"
@@ -34,6 +35,10 @@ void check_embed_args(const Tensor& out, const Tensor& table, const Tensor& ids)
 void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, const Tensor& weight);
 // add_rmsnorm: delta shaped as x, out distinct from both.
 void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight);
+// add_rmsnorm_linear: the norm's tensors (delta, when given, shaped as x), each projection as linear checks
+// it (its x: normed), and no output overlapping an input or normed.
+void check_add_rmsnorm_linear_args(std::span<const LinearProjection> projections, const Tensor& normed,
+                                   const Tensor& x, const Tensor& delta, const Tensor& weight);
 // gated_rmsnorm's gate z, shaped as x.
 void check_norm_gate_args(const Tensor& z, const Tensor& x);
 void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w);

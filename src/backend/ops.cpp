@@ -46,6 +46,17 @@ void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor&
   gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
 }
 
+void Backend::add_rmsnorm_linear(std::span<const LinearProjection> projections, const Tensor& normed,
+                                 NormedRows /*rows*/, const Tensor& x, const Tensor& delta,
+                                 const Tensor& weight, float eps, bool unit_offset) {
+  check_add_rmsnorm_linear_args(projections, normed, x, delta, weight);
+  if (delta.empty())
+    rmsnorm(normed, x, weight, eps, unit_offset);
+  else
+    add_rmsnorm(normed, x, delta, weight, eps, unit_offset);
+  for (const LinearProjection& p : projections) linear(p.out, normed, p.w);
+}
+
 void Backend::sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
                                    const LinearWeight& w) {
   check_sigmoid_gated_linear_args(out, x, gate, w);

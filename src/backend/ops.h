@@ -69,6 +69,16 @@ struct AttentionPrologueShape {
   bool unit_offset;  // the norms' weights as 1 + w
 };
 
+// One of the linears that read the same rows (add_rmsnorm_linear): out = rows W^T.
+struct LinearProjection {
+  Tensor out;
+  LinearWeight w;
+};
+
+// Whether an op's normed rows must be in its `normed` tensor afterwards (something else reads them) or are
+// the op's scratch.
+enum class NormedRows { Kept, Scratch };
+
 // A recorded sequence of ops replayed as one unit: on CUDA a graph, so a step costs one launch instead of one
 // per op. It reads and writes the same buffers it was recorded with.
 class StepGraph {
@@ -123,6 +133,14 @@ class Backend {
   // must not alias x or delta).
   virtual void add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
                            float eps, bool unit_offset) = 0;
+  // A sublayer's norm and the linears that read its rows, in one op so that a backend may hand the rows to
+  // the linears in their own format (CUDA's prefill writes them in BF16 for cuBLAS): x += delta (no add when
+  // delta is empty), normed = rmsnorm(x) as add_rmsnorm (or rmsnorm) makes it, then each projection's out =
+  // normed W^T as linear makes it. `rows`: whether normed holds the rows afterwards or is the op's scratch.
+  // Neither normed nor the outputs may overlap x or delta, nor the outputs normed.
+  virtual void add_rmsnorm_linear(std::span<const LinearProjection> projections, const Tensor& normed,
+                                  NormedRows rows, const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                  float eps, bool unit_offset);
   // out = x W^T
   virtual void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) = 0;
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;

@@ -36,6 +36,9 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
 // Modules first .. first + count - 1 of `stacked`, as a StackedLinear over the same memory.
 StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t count);
 
+// The linears of `stacked` as projections into their columns of out [T, stacked.out_features].
+std::vector<LinearProjection> projections(const Tensor& out, const StackedLinear& stacked);
+
 // out [T, stacked.out_features] = x W^T for every module.
 void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked);
 

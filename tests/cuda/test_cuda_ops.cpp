@@ -763,6 +763,83 @@ TEST(CudaOps, SigmoidGatedLinear) {
     }
 }
 
+// A sublayer's norm and the linears that read its rows (Backend::add_rmsnorm_linear): above
+// kLinearMmaMaxRows rows the CUDA norm writes the rows in BF16 straight into cuBLAS's operand (in F32 only
+// when kept), which must give the separate ops on the GPU bit for bit (rmsnorm or add_rmsnorm, then linear
+// per projection, whose pass rounds the rows the same way); against the CPU, the linear's tolerance (the
+// residual exact, the kept rows the norm's). Cases at the 4B's hidden size: its W4A16 g32 attention q|k|v,
+// GDN in_proj_qkvz (rows kept: the mixer reads them too) and MLP gate|up, small BF16 and W4A16 projections
+// (two of different formats as unstacked modules) at 2051 rows, with and without the residual add (the first
+// layer's norm), 16 rows (the separate ops); 1002 columns take the element-wise norm kernel.
+TEST(CudaOps, AddRmsNormLinear) {
+  std::mt19937 rng(66);
+  auto& b = backends();
+  struct Case {
+    int64_t rows, hidden;
+    bool residual;
+    NormedRows kept;
+    std::vector<std::pair<int64_t, int>> projections;  // out_features and group (0: BF16 weights) of each
+  };
+  const Case cases[] = {{33, 2560, true, NormedRows::Scratch, {{10240, 32}}},
+                        {100, 2560, true, NormedRows::Kept, {{12288, 32}}},
+                        {100, 2560, true, NormedRows::Scratch, {{18432, 32}}},
+                        {2051, 2560, false, NormedRows::Scratch, {{96, 0}}},
+                        {2051, 2560, true, NormedRows::Kept, {{256, 32}, {32, 0}}},
+                        {16, 2560, true, NormedRows::Kept, {{256, 32}}},
+                        {40, 1002, true, NormedRows::Kept, {{128, 0}}}};
+  for (const Case& c : cases) {
+    const std::string label =
+        fmt::format("add_rmsnorm_linear [{}, {}]{}{}", c.rows, c.hidden, c.residual ? " + delta" : "",
+                    c.kept == NormedRows::Kept ? " rows kept" : "");
+    const WeightPair norm_weight =
+        b.weight(DType::BF16, 1, c.hidden, random_floats(rng, c.hidden, -0.5f, 0.5f));
+    std::vector<WeightPair> keep;
+    std::vector<std::pair<LinearWeight, LinearWeight>> weights;
+    for (const auto& [n, group] : c.projections)
+      weights.push_back(random_mlp_weight(rng, n, c.hidden, group, DType::BF16, keep));
+    const std::vector<float> x_values = random_floats(rng, c.rows * c.hidden, -3.0f, 3.0f);
+    const TensorPair x = b.activation(c.rows, c.hidden, x_values),
+                     x_ops = b.activation(c.rows, c.hidden, x_values);
+    const TensorPair delta =
+        b.activation(c.rows, c.hidden, random_floats(rng, c.rows * c.hidden, -1.0f, 1.0f));
+    TensorPair normed = b.poisoned(c.rows, c.hidden), normed_ops = b.poisoned(c.rows, c.hidden);
+    std::vector<TensorPair> outs, outs_ops;
+    for (const auto& [n, group] : c.projections) {
+      outs.push_back(b.poisoned(c.rows, n));
+      outs_ops.push_back(b.poisoned(c.rows, n));
+    }
+    on_both([&](const Side& s) {
+      std::vector<LinearProjection> projections;
+      for (size_t i = 0; i < weights.size(); ++i)
+        projections.push_back({s(outs[i]), s.gpu ? weights[i].second : weights[i].first});
+      s.backend.add_rmsnorm_linear(projections, s(normed), c.kept, s(x), c.residual ? s(delta) : Tensor{},
+                                   s(norm_weight), 1e-6f, true);
+    });
+    Backend& gpu = b.gpu();
+    if (c.residual)
+      gpu.add_rmsnorm(normed_ops.gpu(), x_ops.gpu(), delta.gpu(), norm_weight.gpu, 1e-6f, true);
+    else
+      gpu.rmsnorm(normed_ops.gpu(), x_ops.gpu(), norm_weight.gpu, 1e-6f, true);
+    for (size_t i = 0; i < weights.size(); ++i)
+      gpu.linear(outs_ops[i].gpu(), normed_ops.gpu(), weights[i].second);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const std::string name = fmt::format("{} -> projection {} [{}, {}] g{}", label, i,
+                                           c.projections[i].first, c.hidden, c.projections[i].second);
+      compare("add_rmsnorm_linear", name, outs[i], linear_tolerance(normed_ops.gpu(), weights[i].second));
+      expect_close("add_rmsnorm_linear", name + " vs the separate ops", b.read_gpu(outs[i].gpu()),
+                   b.read_gpu(outs_ops[i].gpu()), kExact);
+    }
+    compare("add_rmsnorm_linear", label + " residual", x, kExact);
+    expect_close("add_rmsnorm_linear", label + " residual vs the separate ops", b.read_gpu(x.gpu()),
+                 b.read_gpu(x_ops.gpu()), kExact);
+    if (c.kept == NormedRows::Kept) {
+      compare("add_rmsnorm_linear", label + " normed rows", normed, kReductionTolerance);
+      expect_close("add_rmsnorm_linear", label + " normed rows vs the separate ops", b.read_gpu(normed.gpu()),
+                   b.read_gpu(normed_ops.gpu()), kExact);
+    }
+  }
+}
+
 TEST(CudaOps, Elementwise) {
   std::mt19937 rng(7);
   auto& b = backends();

@@ -83,11 +83,15 @@ void GemmLinear::run_pair(const Tensor& out_a, const LinearWeight& w_a, const Te
   multiply(out_b, x_bf16, w_b, stream);
 }
 
-const void* GemmLinear::x_to_bf16(const Tensor& x, const float* y, RowGate gate, cudaStream_t stream) {
+void* GemmLinear::operand(int64_t rows, int64_t cols, cudaStream_t stream) {
   check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
   check_cublas(cublasSetWorkspace(handle_, cublas_workspace_.data(), cublas_workspace_.bytes()),
                "cublasSetWorkspace");
-  void* x_bf16 = scratch(x_bf16_, static_cast<size_t>(x.rows * x.cols) * kBf16Bytes);
+  return scratch(x_bf16_, static_cast<size_t>(rows * cols) * kBf16Bytes);
+}
+
+const void* GemmLinear::x_to_bf16(const Tensor& x, const float* y, RowGate gate, cudaStream_t stream) {
+  void* x_bf16 = operand(x.rows, x.cols, stream);
   check_cuda(launch_rows_to_bf16(x_bf16, x, y, gate, stream), "linear (x to BF16)");
   return x_bf16;
 }

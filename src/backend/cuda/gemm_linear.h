@@ -40,15 +40,19 @@ class GemmLinear {
   // Two weights against the same x (out_a = x w_a^T, out_b = x w_b^T): x is rounded to BF16 once.
   void run_pair(const Tensor& out_a, const LinearWeight& w_a, const Tensor& out_b, const LinearWeight& w_b,
                 const Tensor& x, cudaStream_t stream);
+  // For x made in BF16 by a kernel of the caller (the norms before the linears: launch_rmsnorm_to_bf16): the
+  // scratch it writes x [rows, cols] into (contiguous), after which multiply() takes it. Binds cuBLAS to the
+  // stream.
+  void* operand(int64_t rows, int64_t cols, cudaStream_t stream);
+  // out = x W^T for x_bf16 [out.rows, w.in_features] in operand()'s scratch.
+  void multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream);
   // Counts the reallocations of the scratch buffers (step graphs recorded before one are stale).
   uint64_t scratch_generation() const { return scratch_generation_; }
 
  private:
   void* scratch(DeviceMemory& memory, size_t bytes);
-  // g(x, y) [M, k] (launch_rows_to_bf16) rounded to BF16 in the scratch; binds cuBLAS to the stream.
+  // g(x, y) [M, k] (launch_rows_to_bf16) rounded to BF16 in operand()'s scratch.
   const void* x_to_bf16(const Tensor& x, const float* y, RowGate gate, cudaStream_t stream);
-  // out = x W^T for x_bf16 [out.rows, w.in_features] made by x_to_bf16.
-  void multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream);
 
   int64_t max_slice_elements_;
   cublasHandle_t handle_ = nullptr;
