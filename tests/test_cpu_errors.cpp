@@ -1,6 +1,8 @@
 // Bad arguments to CPU ops: each gets one qspec::Error naming the op, the argument and what was expected.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "backend/cpu/gated_delta_rule.h"
 #include "cpu_op_testing.h"
 #include "io/safetensors.h"
@@ -47,24 +49,30 @@ TEST_F(CpuErrors, Linear) {
       {"linear", "weight", "[3, 16]", "[4, 16]"});
 }
 
-// The gated MLP: the gate|up weight twice the intermediate size, act shaped [T, I], scratch apart from x and
-// out.
-TEST_F(CpuErrors, Mlp) {
-  TestTensor x = f32(2, 16), out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8);
-  TestTensor w_gate_up(DType::BF16, 16, 16), w_down(DType::BF16, 16, 8), w_wide(DType::BF16, 12, 16);
-  const LinearWeight gate_up_weight{16, 16, w_gate_up.view(), {}, {}, 0},
-      down{16, 8, w_down.view(), {}, {}, 0};
+// The gated MLP's down projection: gate_up twice the weight's in_features wide, act shaped [T, I] and apart
+// from gate_up and out.
+TEST_F(CpuErrors, SiluGatedLinear) {
+  TestTensor out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8), w_down(DType::BF16, 16, 8);
+  const LinearWeight down{16, 8, w_down.view(), {}, {}, 0};
+  expect_error([&] { backend->silu_gated_linear(out.view(), f32(2, 12).view(), act.view(), down); },
+               {"silu_gated_linear", "gate_up", "[2, 12]", "[2, 16]"});
+  expect_error([&] { backend->silu_gated_linear(out.view(), gate_up.view(), f32(2, 7).view(), down); },
+               {"silu_gated_linear", "act", "[2, 7]", "[2, 8]"});
   expect_error(
-      [&] {
-        backend->mlp(out.view(), gate_up.view(), act.view(), x.view(), {12, 16, w_wide.view(), {}, {}, 0},
-                     down);
-      },
-      {"mlp", "12 output features", "twice", "(16)"});
-  expect_error(
-      [&] { backend->mlp(out.view(), gate_up.view(), f32(2, 7).view(), x.view(), gate_up_weight, down); },
-      {"mlp", "act", "[2, 7]", "[2, 8]"});
-  expect_error([&] { backend->mlp(out.view(), x.view(), act.view(), x.view(), gate_up_weight, down); },
-               {"mlp", "gate_up must not alias x or out"});
+      [&] { backend->silu_gated_linear(out.view(), gate_up.view(), gate_up.view().cols_view(8, 8), down); },
+      {"silu_gated_linear", "act must not overlap gate_up or out"});
+  expect_error([&] { backend->silu_gated_linear(f32(2, 5).view(), gate_up.view(), act.view(), down); },
+               {"linear", "out", "[2, 5]", "[2, 16]"});
+}
+
+// The gated attention's output projection: gate shaped as x, out as x W^T.
+TEST_F(CpuErrors, SigmoidGatedLinear) {
+  TestTensor x = f32(2, 16), gate = f32(2, 16), out = f32(2, 4), w(DType::BF16, 4, 16);
+  const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
+  expect_error([&] { backend->sigmoid_gated_linear(out.view(), x.view(), f32(2, 15).view(), weight); },
+               {"sigmoid_gated_linear", "gate", "[2, 15]", "[2, 16]"});
+  expect_error([&] { backend->sigmoid_gated_linear(f32(2, 5).view(), x.view(), gate.view(), weight); },
+               {"linear", "out", "[2, 5]", "[2, 4]"});
 }
 
 TEST_F(CpuErrors, LinearW4A16) {
@@ -144,6 +152,27 @@ TEST_F(CpuErrors, Norms) {
   TestTensor w15 = f32(1, 15), z = f32(3, 30);
   expect_error([&] { backend->gated_rmsnorm(out.view(), x.view(), w15.view(), z.view(), 1e-6f); },
                {"gated_rmsnorm", "z", "[3, 30]", "[2, 30]"});
+}
+
+// A sublayer's norm and its projections: delta shaped as x, each projection as linear checks it, and no
+// output over an input or the normed rows.
+TEST_F(CpuErrors, AddRmsnormLinear) {
+  TestTensor x = f32(2, 16), delta = f32(2, 16), normed = f32(2, 16), out = f32(2, 4), norm = f32(1, 16);
+  TestTensor w(DType::BF16, 4, 16);
+  const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
+  auto call = [&](const Tensor& projection_out, const Tensor& normed_rows, const Tensor& d) {
+    const std::vector<LinearProjection> projections = {{projection_out, weight}};
+    backend->add_rmsnorm_linear(projections, normed_rows, NormedRows::Scratch, x.view(), d, norm.view(),
+                                1e-6f, true);
+  };
+  expect_error([&] { call(out.view(), normed.view(), f32(2, 15).view()); },
+               {"add_rmsnorm_linear", "delta", "[2, 15]", "[2, 16]"});
+  expect_error([&] { call(out.view(), x.view(), delta.view()); },
+               {"add_rmsnorm_linear", "normed must not overlap x or delta"});
+  expect_error([&] { call(f32(2, 5).view(), normed.view(), delta.view()); },
+               {"linear", "out", "[2, 5]", "[2, 4]"});
+  expect_error([&] { call(delta.view().cols_view(0, 4), normed.view(), delta.view()); },
+               {"add_rmsnorm_linear", "projections[0].out overlaps normed, x or delta"});
 }
 
 TEST_F(CpuErrors, ElementwiseAndSplit) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <vector>
 
 #include "cpu_op_testing.h"
 
@@ -141,6 +142,76 @@ TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
   backend->linear(all.view(), x.view(), weight);
   backend->linear(one.view(), x.view().rows_view(3, 1), weight);
   for (int64_t n = 0; n < 70; ++n) EXPECT_EQ(all.get(3, n), one.get(0, n));
+}
+
+// The gated attention's output projection (Backend::sigmoid_gated_linear) is sigmoid_mul then linear: the
+// same values, bit for bit.
+TEST(CpuLinear, SigmoidGatedLinearIsSigmoidMulThenLinear) {
+  std::mt19937 rng(4);
+  auto backend = make_cpu_backend();
+  TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 96),
+             gate = cpu_test::random_tensor(rng, DType::F32, 3, 96);
+  TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 40, 96);
+  const LinearWeight weight{40, 96, w.view(), {}, {}, 0};
+  TestTensor gated(DType::F32, 3, 96), fused(DType::F32, 3, 40), two_ops(DType::F32, 3, 40);
+  backend->sigmoid_mul(gated.view(), x.view(), gate.view());
+  backend->linear(two_ops.view(), gated.view(), weight);
+  backend->sigmoid_gated_linear(fused.view(), x.view(), gate.view(), weight);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
+}
+
+// The gated MLP's down projection (Backend::silu_gated_linear) is silu_mul then linear: the same values, bit
+// for bit.
+TEST(CpuLinear, SiluGatedLinearIsSiluMulThenLinear) {
+  std::mt19937 rng(5);
+  auto backend = make_cpu_backend();
+  TestTensor gate_up = cpu_test::random_tensor(rng, DType::F32, 3, 192);
+  TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 40, 96);
+  const LinearWeight weight{40, 96, w.view(), {}, {}, 0};
+  TestTensor act(DType::F32, 3, 96), gated(DType::F32, 3, 96), fused(DType::F32, 3, 40),
+      two_ops(DType::F32, 3, 40);
+  backend->silu_mul(gated.view(), gate_up.view().cols_view(0, 96), gate_up.view().cols_view(96, 96));
+  backend->linear(two_ops.view(), gated.view(), weight);
+  backend->silu_gated_linear(fused.view(), gate_up.view(), act.view(), weight);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
+}
+
+// A sublayer's norm and its projections (Backend::add_rmsnorm_linear) are add_rmsnorm (rmsnorm when there is
+// no delta) then linear per projection: the same values, bit for bit, the residual and the kept rows too.
+TEST(CpuLinear, AddRmsnormLinearIsTheNormThenTheLinears) {
+  std::mt19937 rng(6);
+  auto backend = make_cpu_backend();
+  const TestTensor norm = cpu_test::random_tensor(rng, DType::BF16, 1, 96, -0.5, 0.5);
+  const TestTensor w_a = cpu_test::random_tensor(rng, DType::BF16, 40, 96),
+                   w_b = cpu_test::random_tensor(rng, DType::F32, 8, 96);
+  const LinearWeight a{40, 96, w_a.view(), {}, {}, 0}, b{8, 96, w_b.view(), {}, {}, 0};
+  auto expect_equal = [](const TestTensor& got, const TestTensor& want, const char* what) {
+    for (int64_t t = 0; t < want.rows(); ++t)
+      for (int64_t n = 0; n < want.cols(); ++n) ASSERT_EQ(got.get(t, n), want.get(t, n)) << what;
+  };
+  for (bool residual : {true, false}) {
+    SCOPED_TRACE(residual ? "x += delta" : "no delta");
+    TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 96, -2, 2), x_ops(DType::F32, 3, 96);
+    backend->copy(x_ops.view(), x.view());
+    const TestTensor delta = cpu_test::random_tensor(rng, DType::F32, 3, 96);
+    TestTensor normed(DType::F32, 3, 96), out_a(DType::F32, 3, 40), out_b(DType::F32, 3, 8);
+    TestTensor normed_ops(DType::F32, 3, 96), ops_a(DType::F32, 3, 40), ops_b(DType::F32, 3, 8);
+    const std::vector<LinearProjection> projections = {{out_a.view(), a}, {out_b.view(), b}};
+    backend->add_rmsnorm_linear(projections, normed.view(), NormedRows::Kept, x.view(),
+                                residual ? delta.view() : Tensor{}, norm.view(), 1e-6f, true);
+    if (residual)
+      backend->add_rmsnorm(normed_ops.view(), x_ops.view(), delta.view(), norm.view(), 1e-6f, true);
+    else
+      backend->rmsnorm(normed_ops.view(), x_ops.view(), norm.view(), 1e-6f, true);
+    backend->linear(ops_a.view(), normed_ops.view(), a);
+    backend->linear(ops_b.view(), normed_ops.view(), b);
+    expect_equal(x, x_ops, "x");
+    expect_equal(normed, normed_ops, "normed");
+    expect_equal(out_a, ops_a, "projection 0");
+    expect_equal(out_b, ops_b, "projection 1");
+  }
 }
 
 }  // namespace

@@ -96,6 +96,24 @@ void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& de
     fail("add_rmsnorm: out must not alias x or delta (x is updated before out is written)");
 }
 
+void check_add_rmsnorm_linear_args(std::span<const LinearProjection> projections, const Tensor& normed,
+                                   const Tensor& x, const Tensor& delta, const Tensor& weight) {
+  constexpr std::string_view op = "add_rmsnorm_linear";
+  check_norm_args(op, normed, x, weight);
+  if (!delta.empty()) {
+    require_activation(op, "delta", delta);
+    require_shape(op, "delta", delta, x.rows, x.cols);
+  }
+  if (normed.overlaps(x) || normed.overlaps(delta))
+    fail("{}: normed must not overlap x or delta (x is updated before normed is written)", op);
+  for (size_t i = 0; i < projections.size(); ++i) {
+    const Tensor& out = projections[i].out;
+    check_linear_args(out, normed, projections[i].w);
+    if (out.overlaps(normed) || out.overlaps(x) || out.overlaps(delta))
+      fail("{}: projections[{}].out overlaps normed, x or delta", op, i);
+  }
+}
+
 void check_norm_gate_args(const Tensor& z, const Tensor& x) {
   require_activation("gated_rmsnorm", "z", z);
   require_shape("gated_rmsnorm", "z", z, x.rows, x.cols);
@@ -122,16 +140,20 @@ void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w
   }
 }
 
-void check_mlp_args(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                    const LinearWeight& w_gate_up, const LinearWeight& w_down) {
-  if (w_gate_up.out_features != 2 * w_down.in_features)
-    fail("mlp: the gate|up weight has {} output features, expected twice the down weight's in_features ({})",
-         w_gate_up.out_features, 2 * w_down.in_features);
-  check_linear_args(gate_up, x, w_gate_up);
-  require_shape("mlp", "act", act, x.rows, w_down.in_features);
-  check_linear_args(out, act, w_down);
-  for (const auto& [name, scratch] : {std::pair{"gate_up", &gate_up}, std::pair{"act", &act}})
-    if (scratch->data == x.data || scratch->data == out.data) fail("mlp: {} must not alias x or out", name);
+void check_sigmoid_gated_linear_args(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                     const LinearWeight& w) {
+  check_elementwise_args("sigmoid_gated_linear", "x", "gate", x, x, gate);
+  check_linear_args(out, x, w);
+}
+
+void check_silu_gated_linear_args(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                  const LinearWeight& w) {
+  require_activation("silu_gated_linear", "gate_up", gate_up);
+  require_shape("silu_gated_linear", "gate_up", gate_up, gate_up.rows, 2 * w.in_features);
+  require_shape("silu_gated_linear", "act", act, gate_up.rows, w.in_features);
+  check_linear_args(out, act, w);
+  if (act.overlaps(gate_up) || act.overlaps(out))
+    fail("silu_gated_linear: act must not overlap gate_up or out");
 }
 
 void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,

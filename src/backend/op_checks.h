@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "backend/ops.h"
@@ -34,12 +35,19 @@ void check_embed_args(const Tensor& out, const Tensor& table, const Tensor& ids)
 void check_norm_args(std::string_view op, const Tensor& out, const Tensor& x, const Tensor& weight);
 // add_rmsnorm: delta shaped as x, out distinct from both.
 void check_add_rmsnorm_args(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight);
+// add_rmsnorm_linear: the norm's tensors (delta, when given, shaped as x), each projection as linear checks
+// it (its x: normed), and no output overlapping an input or normed.
+void check_add_rmsnorm_linear_args(std::span<const LinearProjection> projections, const Tensor& normed,
+                                   const Tensor& x, const Tensor& delta, const Tensor& weight);
 // gated_rmsnorm's gate z, shaped as x.
 void check_norm_gate_args(const Tensor& z, const Tensor& x);
 void check_linear_args(const Tensor& out, const Tensor& x, const LinearWeight& w);
-// mlp: w_gate_up [2I, H], w_down [H, I]; gate_up [T, 2I] and act [T, I] distinct from x and out.
-void check_mlp_args(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                    const LinearWeight& w_gate_up, const LinearWeight& w_down);
+// sigmoid_gated_linear: x and gate F32 of one shape, out = x W^T's shape.
+void check_sigmoid_gated_linear_args(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                     const LinearWeight& w);
+// silu_gated_linear: gate_up [T, 2I] and act [T, I] for w [N, I], act distinct from gate_up and out.
+void check_silu_gated_linear_args(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                  const LinearWeight& w);
 // add, silu_mul, sigmoid_mul: out = combine(a, b), all F32 of one shape.
 void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,
                             const Tensor& out, const Tensor& a, const Tensor& b);

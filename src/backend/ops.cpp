@@ -46,13 +46,30 @@ void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor&
   gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
 }
 
-void Backend::mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                  const LinearWeight& w_gate_up, const LinearWeight& w_down) {
-  check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
-  const int64_t intermediate = w_down.in_features;
-  linear(gate_up, x, w_gate_up);
+void Backend::add_rmsnorm_linear(std::span<const LinearProjection> projections, const Tensor& normed,
+                                 NormedRows /*rows*/, const Tensor& x, const Tensor& delta,
+                                 const Tensor& weight, float eps, bool unit_offset) {
+  check_add_rmsnorm_linear_args(projections, normed, x, delta, weight);
+  if (delta.empty())
+    rmsnorm(normed, x, weight, eps, unit_offset);
+  else
+    add_rmsnorm(normed, x, delta, weight, eps, unit_offset);
+  for (const LinearProjection& p : projections) linear(p.out, normed, p.w);
+}
+
+void Backend::sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                   const LinearWeight& w) {
+  check_sigmoid_gated_linear_args(out, x, gate, w);
+  sigmoid_mul(x, x, gate);
+  linear(out, x, w);
+}
+
+void Backend::silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                const LinearWeight& w) {
+  check_silu_gated_linear_args(out, gate_up, act, w);
+  const int64_t intermediate = w.in_features;
   silu_mul(act, gate_up.cols_view(0, intermediate), gate_up.cols_view(intermediate, intermediate));
-  linear(out, act, w_down);
+  linear(out, act, w);
 }
 
 }  // namespace qspec

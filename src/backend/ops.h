@@ -69,6 +69,16 @@ struct AttentionPrologueShape {
   bool unit_offset;  // the norms' weights as 1 + w
 };
 
+// One of the linears that read the same rows (add_rmsnorm_linear): out = rows W^T.
+struct LinearProjection {
+  Tensor out;
+  LinearWeight w;
+};
+
+// Whether an op's normed rows must be in its `normed` tensor afterwards (something else reads them) or are
+// the op's scratch.
+enum class NormedRows { Kept, Scratch };
+
 // A recorded sequence of ops replayed as one unit: on CUDA a graph, so a step costs one launch instead of one
 // per op. It reads and writes the same buffers it was recorded with.
 class StepGraph {
@@ -123,18 +133,31 @@ class Backend {
   // must not alias x or delta).
   virtual void add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
                            float eps, bool unit_offset) = 0;
+  // A sublayer's norm and the linears that read its rows, in one op so that a backend may hand the rows to
+  // the linears in their own format (CUDA's prefill writes them in BF16 for cuBLAS): x += delta (no add when
+  // delta is empty), normed = rmsnorm(x) as add_rmsnorm (or rmsnorm) makes it, then each projection's out =
+  // normed W^T as linear makes it. `rows`: whether normed holds the rows afterwards or is the op's scratch.
+  // Neither normed nor the outputs may overlap x or delta, nor the outputs normed.
+  virtual void add_rmsnorm_linear(std::span<const LinearProjection> projections, const Tensor& normed,
+                                  NormedRows rows, const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                  float eps, bool unit_offset);
   // out = x W^T
   virtual void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) = 0;
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // out = silu(gate) * up
   virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
-  // The gated MLP: out = down(silu(gate) * up), [gate | up] = x W_gate_up^T (gate the first half of its
-  // columns). gate_up [T, 2I] and act [T, I] are the op's scratch: the default runs linear, silu_mul and
-  // linear through them; a backend may fuse the three (values as the three ops make them).
-  virtual void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-                   const LinearWeight& w_gate_up, const LinearWeight& w_down);
+  // The gated MLP's down projection: out = (silu(gate) * up) W^T for gate_up [T, 2I] = [gate | up]. act
+  // [T, I] is the op's scratch: the default writes silu(gate) * up into it and runs linear; a backend may
+  // fuse the two (values as the two ops make them).
+  virtual void silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                                 const LinearWeight& w);
   // out = x * sigmoid(gate)
   virtual void sigmoid_mul(const Tensor& out, const Tensor& x, const Tensor& gate) = 0;
+  // The gated attention's output projection: out = (x * sigmoid(gate)) W^T. x is the op's scratch: the
+  // default writes x * sigmoid(gate) into it and runs linear; a backend may fuse the two (values as the two
+  // ops make them).
+  virtual void sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                    const LinearWeight& w);
   // q_proj output [T, nh * 2 * hd] interleaved per head (query, gate) -> query [T, nh*hd], gate [T, nh*hd]
   virtual void split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim) = 0;
   // In place, NeoX (rotate-half) pairing (i, i + rotary_dim/2) over the first rotary_dim dims of each head.

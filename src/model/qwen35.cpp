@@ -218,16 +218,23 @@ bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
   return reallocated;
 }
 
-void Qwen35Model::mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out) {
-  const int64_t T = x.rows;
-  gated_mlp(backend_, out, first_rows(ws_->mlp_gate_up, T), first_rows(ws_->mlp_act, T), x, layer.mlp_gate_up,
-            layer.mlp_down);
+void Qwen35Model::norm_linear(const SublayerInput& in, const Tensor& norm_weight, const Tensor& out,
+                              const StackedLinear& w, NormedRows rows) {
+  backend_.add_rmsnorm_linear(projections(out, w), in.normed, rows, in.x, in.delta, norm_weight,
+                              config_.rms_norm_eps, true);
 }
 
-void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
-                                  const Tensor& out, bool advance) {
+void Qwen35Model::mlp(const Qwen35Layer& layer, const SublayerInput& in, const Tensor& out) {
+  const int64_t T = in.x.rows;
+  const Tensor gate_up = first_rows(ws_->mlp_gate_up, T);
+  norm_linear(in, layer.post_attention_norm, gate_up, layer.mlp_gate_up, NormedRows::Scratch);
+  backend_.silu_gated_linear(out, gate_up, first_rows(ws_->mlp_act, T), layer.mlp_down);
+}
+
+void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state,
+                                  const SublayerInput& in, const Tensor& out, bool advance) {
   const Qwen35Config& c = config_;
-  const int64_t T = x.rows;
+  const int64_t T = in.x.rows;
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
   // A verify step keeps what the recurrence reads (conv input and output, beta, g) for commit's replay.
@@ -236,31 +243,32 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   Tensor beta = view(advance ? ws.gdn_beta : state.pending_beta);
   Tensor g = view(advance ? ws.gdn_g : state.pending_g);
   Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
-  stacked_linear(backend_, qkvz, x, layer.in_proj_qkvz);
+  // The mixer reads the normed rows too (its gate projections).
+  norm_linear(in, layer.input_norm, qkvz, layer.in_proj_qkvz, NormedRows::Kept);
   backend_.gdn_mixer(
-      gated, conv, beta, g, core, qkvz, x, state.conv_state->tensor(), state.recurrent_state->tensor(),
+      gated, conv, beta, g, core, qkvz, in.normed, state.conv_state->tensor(),
+      state.recurrent_state->tensor(),
       {layer.conv_weight, layer.in_proj_b, layer.in_proj_a, layer.a_log, layer.dt_bias, layer.gdn_norm},
       gdn_shape(c), c.rms_norm_eps, advance);
   backend_.linear(out, gated, layer.out_proj);
 }
 
-void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
-                                  const Tensor& out) {
+void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state,
+                                  const SublayerInput& in, const Tensor& out) {
   const Qwen35Config& c = config_;
-  const int64_t T = x.rows;
+  const int64_t T = in.x.rows;
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
   Tensor qkv = view(ws.attn_qkv), q = view(ws.attn_q), gate = view(ws.attn_gate), o = view(ws.attn_out);
   Tensor positions = view(ws.positions);
-  stacked_linear(backend_, qkv, x, layer.qkv_proj);
+  norm_linear(in, layer.input_norm, qkv, layer.qkv_proj, NormedRows::Scratch);
   const AttentionPrologueShape prologue{c.num_heads,  c.num_kv_heads, c.head_dim, c.rotary_dim,
                                         c.rope_theta, c.rms_norm_eps, true};
   backend_.attention_prologue(q, gate, qkv, layer.q_norm, layer.k_norm, state.k_cache->tensor(),
                               state.v_cache->tensor(), positions, prologue);
   AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
   backend_.attention(o, q, state.k_cache->tensor(), state.v_cache->tensor(), positions, shape);
-  backend_.sigmoid_mul(o, o, gate);
-  backend_.linear(out, o, layer.o_proj);
+  backend_.sigmoid_gated_linear(out, o, gate, layer.o_proj);
 }
 
 ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> tokens,
@@ -333,23 +341,22 @@ void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
   Tensor mixer_out = first_rows(ws.mixer_out, T);
   Tensor mlp_out = first_rows(ws.mlp_out, T);
   backend_.embed(x, weights_.embed, first_rows(ws.ids, T));
-  backend_.rmsnorm(normed, x, weights_.layers.front().input_norm, c.rms_norm_eps, true);
-  // Each residual add is fused with the norm that follows it: the post-attention norm, then the next
-  // layer's input norm (the final norm after the last layer).
+  // Each sublayer (mixer, MLP) begins with the residual add of the sublayer before it, fused with its own
+  // norm and input projections (norm_linear); the final norm adds the last MLP's output.
+  Tensor delta;  // nothing to add before the first layer
   for (int i = 0; i < c.num_layers; ++i) {
     const Qwen35Layer& layer = weights_.layers[size_t(i)];
     if (layer.type == LayerType::LinearAttention)
-      gated_delta_net(layer, state.layers[size_t(i)], normed, mixer_out, advance);
+      gated_delta_net(layer, state.layers[size_t(i)], {x, delta, normed}, mixer_out, advance);
     else
-      gated_attention(layer, state.layers[size_t(i)], normed, mixer_out);
-    backend_.add_rmsnorm(normed, x, mixer_out, layer.post_attention_norm, c.rms_norm_eps, true);
-    mlp(layer, normed, mlp_out);
-    const Tensor& next_norm =
-        i + 1 < c.num_layers ? weights_.layers[size_t(i) + 1].input_norm : weights_.final_norm;
-    backend_.add_rmsnorm(normed, x, mlp_out, next_norm, c.rms_norm_eps, true);
+      gated_attention(layer, state.layers[size_t(i)], {x, delta, normed}, mixer_out);
+    mlp(layer, {x, mixer_out, normed}, mlp_out);
+    delta = mlp_out;
+    // The layer's output x + mlp_out, the sum the next norm makes in x (one fp32 add either way).
     for (size_t h = 0; h < hidden_layers.size(); ++h)
-      if (hidden_layers[h] == i) backend_.copy(first_rows(ws.hidden[h], T), x);
+      if (hidden_layers[h] == i) backend_.add(first_rows(ws.hidden[h], T), x, mlp_out);
   }
+  backend_.add_rmsnorm(normed, x, mlp_out, weights_.final_norm, c.rms_norm_eps, true);
   if (logit_rows > 0)
     backend_.linear(first_rows(ws.logits, logit_rows), normed.rows_view(T - logit_rows, logit_rows),
                     weights_.lm_head);

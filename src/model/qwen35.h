@@ -125,11 +125,19 @@ class Qwen35Model {
   // Every op of one step, from the ids and positions already in the workspace.
   void run_step(Qwen35State& state, int64_t T, int64_t logit_rows, const std::vector<int>& hidden_layers,
                 bool advance);
-  void gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
+  // A sublayer's input: the residual stream x, to which the sublayer's norm first adds delta (the previous
+  // sublayer's output; nothing when empty), and the norm's rows `normed`.
+  struct SublayerInput {
+    Tensor x, delta, normed;
+  };
+  // The sublayer's norm fused with its input projection(s) into out (Backend::add_rmsnorm_linear).
+  void norm_linear(const SublayerInput& in, const Tensor& norm_weight, const Tensor& out,
+                   const StackedLinear& w, NormedRows rows);
+  void gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& state, const SublayerInput& in,
                        const Tensor& out, bool advance);
-  void gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const Tensor& x,
+  void gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state, const SublayerInput& in,
                        const Tensor& out);
-  void mlp(const Qwen35Layer& layer, const Tensor& x, const Tensor& out);
+  void mlp(const Qwen35Layer& layer, const SublayerInput& in, const Tensor& out);
 
   Qwen35Config config_;
   Backend& backend_;

@@ -123,21 +123,21 @@ StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t
   return part;
 }
 
-void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked) {
+std::vector<LinearProjection> projections(const Tensor& out, const StackedLinear& stacked) {
+  std::vector<LinearProjection> result;
   for (size_t i = 0; i < stacked.parts.size(); ++i)
-    backend.linear(out.cols_view(stacked.offsets[i], stacked.parts[i].out_features), x, stacked.parts[i]);
+    result.push_back({out.cols_view(stacked.offsets[i], stacked.parts[i].out_features), stacked.parts[i]});
+  return result;
+}
+
+void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked) {
+  for (const LinearProjection& p : projections(out, stacked)) backend.linear(p.out, x, p.w);
 }
 
 void gated_mlp(Backend& backend, const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                const StackedLinear& gate_up_weight, const LinearWeight& down) {
-  if (gate_up_weight.parts.size() == 1) {
-    backend.mlp(out, gate_up, act, x, gate_up_weight.parts.front(), down);
-    return;
-  }
-  const int64_t intermediate = down.in_features;
   stacked_linear(backend, gate_up, x, gate_up_weight);
-  backend.silu_mul(act, gate_up.cols_view(0, intermediate), gate_up.cols_view(intermediate, intermediate));
-  backend.linear(out, act, down);
+  backend.silu_gated_linear(out, gate_up, act, down);
 }
 
 }  // namespace qspec

@@ -36,11 +36,14 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
 // Modules first .. first + count - 1 of `stacked`, as a StackedLinear over the same memory.
 StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t count);
 
+// The linears of `stacked` as projections into their columns of out [T, stacked.out_features].
+std::vector<LinearProjection> projections(const Tensor& out, const StackedLinear& stacked);
+
 // out [T, stacked.out_features] = x W^T for every module.
 void stacked_linear(Backend& backend, const Tensor& out, const Tensor& x, const StackedLinear& stacked);
 
-// The gated MLP, out = down(silu(gate) * up), through the scratch gate_up [T, 2I] and act [T, I]: one
-// Backend::mlp when gate and up are stacked in one weight (the backend may fuse it), else the three ops.
+// The gated MLP, out = down(silu(gate) * up), through the scratch gate_up [T, 2I] and act [T, I]: the gate|up
+// projection, then Backend::silu_gated_linear.
 void gated_mlp(Backend& backend, const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
                const StackedLinear& gate_up_weight, const LinearWeight& down);
 

@@ -457,7 +457,7 @@ TEST(CudaOps, RowsToBf16) {
     b.gpu().write(out->tensor(), poison.data());
     b.gpu().synchronize();
     ASSERT_EQ(cuda::launch_rows_to_bf16(out->tensor().data, x.gpu().cols_view(c.first_col, c.cols), nullptr,
-                                        nullptr),
+                                        cuda::RowGate::None, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
     std::vector<uint16_t> bits(count);
@@ -694,8 +694,15 @@ struct MlpCase {
   }
 };
 
-// Backend::mlp of `rows` random rows of x on both backends: the weights (their buffers kept here), x, the
-// op's scratch gate_up and act, and its output.
+// The gated MLP as the model runs it: the gate|up linear, then Backend::silu_gated_linear.
+void run_gated_mlp(Backend& backend, const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                   const Tensor& x, const LinearWeight& w_gate_up, const LinearWeight& w_down) {
+  backend.linear(gate_up, x, w_gate_up);
+  backend.silu_gated_linear(out, gate_up, act, w_down);
+}
+
+// The gated MLP of `rows` random rows of x on both backends: the weights (their buffers kept here), x, the
+// scratch gate_up and act, and the output.
 struct MlpCall {
   std::vector<WeightPair> keep;
   LinearWeight gate_up_cpu, gate_up_gpu, down_cpu, down_gpu;
@@ -714,17 +721,17 @@ MlpCall call_mlp(std::mt19937& rng, const MlpCase& c, int64_t rows) {
   m.act = b.poisoned(rows, c.intermediate);
   m.out = b.poisoned(rows, c.hidden);
   on_both([&](const Side& s) {
-    s.backend.mlp(s(m.out), s(m.gate_up), s(m.act), s(m.x), s.gpu ? m.gate_up_gpu : m.gate_up_cpu,
+    run_gated_mlp(s.backend, s(m.out), s(m.gate_up), s(m.act), s(m.x), s.gpu ? m.gate_up_gpu : m.gate_up_cpu,
                   s.gpu ? m.down_gpu : m.down_cpu);
   });
   return m;
 }
 
-// The gated MLP (Backend::mlp): at one row the CUDA backend's down projection makes silu(gate) * up while it
-// stages x (no silu_mul launch), which must give the three ops' values bit for bit (linear, silu_mul, linear
-// on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone; all of it against the CPU
-// too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's), F16 scales at small K (3 and 5 chunks), BF16
-// weights, and K not a multiple of 32 (the three ops at one row too).
+// The gated MLP (linear, Backend::silu_gated_linear): at one row the CUDA backend's down projection makes
+// silu(gate) * up while it stages x (no silu_mul launch), which must give the three ops' values bit for bit
+// (linear, silu_mul, linear on the GPU, as 16 rows run), so the rows of a 16-row call equal each row alone;
+// all of it against the CPU too. Cases: the 4B's W4A16 g32 MLP, g128 (the drafter's), F16 scales at small K
+// (3 and 5 chunks), BF16 weights, and K not a multiple of 32 (the three ops at one row too).
 TEST(CudaOps, Mlp) {
   std::mt19937 rng(63);
   auto& b = backends();
@@ -735,8 +742,8 @@ TEST(CudaOps, Mlp) {
     const MlpCall m = call_mlp(rng, c, kRows);
     TensorPair alone = b.poisoned(kRows, c.hidden);
     for (int64_t r = 0; r < kRows; ++r)
-      b.gpu().mlp(alone.gpu().rows_view(r, 1), m.gate_up.gpu().rows_view(r, 1), m.act.gpu().rows_view(r, 1),
-                  m.x.gpu().rows_view(r, 1), m.gate_up_gpu, m.down_gpu);
+      run_gated_mlp(b.gpu(), alone.gpu().rows_view(r, 1), m.gate_up.gpu().rows_view(r, 1),
+                    m.act.gpu().rows_view(r, 1), m.x.gpu().rows_view(r, 1), m.gate_up_gpu, m.down_gpu);
     const std::string label = c.label();
     // The three ops on the GPU, at 16 rows and at each row alone.
     TensorPair three = b.poisoned(kRows, c.hidden), three_alone = b.poisoned(kRows, c.hidden);
@@ -782,6 +789,110 @@ TEST(CudaOps, MlpManyRows) {
     compare("mlp", label, m.out, 2 * kGemmLinearTolerance);
     expect_close("mlp", label + " vs linear, silu_mul, linear", b.read_gpu(m.out.gpu()),
                  b.read_gpu(three.gpu()), kExact);
+  }
+}
+
+// The gated attention's output projection (Backend::sigmoid_gated_linear): above kLinearMmaMaxRows rows the
+// CUDA backend makes x * sigmoid(gate) in the pass that rounds x to BF16 (GemmLinear::run_gated), which must
+// give sigmoid_mul then linear on the GPU bit for bit; below, the two ops. Against the CPU: the linear's
+// tolerance. The 4B's o_proj shape (4096 -> 2560) and odd columns (element-wise conversion).
+TEST(CudaOps, SigmoidGatedLinear) {
+  std::mt19937 rng(65);
+  auto& b = backends();
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2560, 4096}, std::pair<int64_t, int64_t>{300, 1003}})
+    for (int64_t rows : {16, 200}) {
+      const WeightPair w = b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f));
+      const LinearWeight cpu_weight{n, k, w.cpu, {}, {}, 0}, gpu_weight{n, k, w.gpu, {}, {}, 0};
+      const std::vector<float> x_values = random_floats(rng, rows * k, -2.0f, 2.0f);
+      const TensorPair x = b.activation(rows, k, x_values), x_copy = b.activation(rows, k, x_values);
+      const TensorPair gate = b.activation(rows, k, random_floats(rng, rows * k, -4.0f, 4.0f));
+      TensorPair out = b.poisoned(rows, n), two_ops = b.poisoned(rows, n);
+      on_both([&](const Side& s) {
+        s.backend.sigmoid_gated_linear(s(out), s(x), s(gate), s.gpu ? gpu_weight : cpu_weight);
+      });
+      b.gpu().sigmoid_mul(x_copy.gpu(), x_copy.gpu(), gate.gpu());
+      b.gpu().linear(two_ops.gpu(), x_copy.gpu(), gpu_weight);
+      const std::string label = fmt::format("sigmoid_gated_linear [{}, {}] -> {}", rows, k, n);
+      compare("linear", label, out, linear_tolerance(x_copy.gpu(), gpu_weight));
+      expect_close("linear", label + " vs sigmoid_mul, linear", b.read_gpu(out.gpu()),
+                   b.read_gpu(two_ops.gpu()), kExact);
+    }
+}
+
+// A sublayer's norm and the linears that read its rows (Backend::add_rmsnorm_linear): above
+// kLinearMmaMaxRows rows the CUDA norm writes the rows in BF16 straight into cuBLAS's operand (in F32 only
+// when kept), which must give the separate ops on the GPU bit for bit (rmsnorm or add_rmsnorm, then linear
+// per projection, whose pass rounds the rows the same way); against the CPU, the linear's tolerance (the
+// residual exact, the kept rows the norm's). Cases at the 4B's hidden size: its W4A16 g32 attention q|k|v,
+// GDN in_proj_qkvz (rows kept: the mixer reads them too) and MLP gate|up, small BF16 and W4A16 projections
+// (two of different formats as unstacked modules) at 2051 rows, with and without the residual add (the first
+// layer's norm), 16 rows (the separate ops); 1002 columns take the element-wise norm kernel.
+TEST(CudaOps, AddRmsNormLinear) {
+  std::mt19937 rng(66);
+  auto& b = backends();
+  struct Case {
+    int64_t rows, hidden;
+    bool residual;
+    NormedRows kept;
+    std::vector<std::pair<int64_t, int>> projections;  // out_features and group (0: BF16 weights) of each
+  };
+  const Case cases[] = {{33, 2560, true, NormedRows::Scratch, {{10240, 32}}},
+                        {100, 2560, true, NormedRows::Kept, {{12288, 32}}},
+                        {100, 2560, true, NormedRows::Scratch, {{18432, 32}}},
+                        {2051, 2560, false, NormedRows::Scratch, {{96, 0}}},
+                        {2051, 2560, true, NormedRows::Kept, {{256, 32}, {32, 0}}},
+                        {16, 2560, true, NormedRows::Kept, {{256, 32}}},
+                        {40, 1002, true, NormedRows::Kept, {{128, 0}}}};
+  for (const Case& c : cases) {
+    const std::string label =
+        fmt::format("add_rmsnorm_linear [{}, {}]{}{}", c.rows, c.hidden, c.residual ? " + delta" : "",
+                    c.kept == NormedRows::Kept ? " rows kept" : "");
+    const WeightPair norm_weight =
+        b.weight(DType::BF16, 1, c.hidden, random_floats(rng, c.hidden, -0.5f, 0.5f));
+    std::vector<WeightPair> keep;
+    std::vector<std::pair<LinearWeight, LinearWeight>> weights;
+    for (const auto& [n, group] : c.projections)
+      weights.push_back(random_mlp_weight(rng, n, c.hidden, group, DType::BF16, keep));
+    const std::vector<float> x_values = random_floats(rng, c.rows * c.hidden, -3.0f, 3.0f);
+    const TensorPair x = b.activation(c.rows, c.hidden, x_values),
+                     x_ops = b.activation(c.rows, c.hidden, x_values);
+    const TensorPair delta =
+        b.activation(c.rows, c.hidden, random_floats(rng, c.rows * c.hidden, -1.0f, 1.0f));
+    TensorPair normed = b.poisoned(c.rows, c.hidden), normed_ops = b.poisoned(c.rows, c.hidden);
+    std::vector<TensorPair> outs, outs_ops;
+    for (const auto& [n, group] : c.projections) {
+      outs.push_back(b.poisoned(c.rows, n));
+      outs_ops.push_back(b.poisoned(c.rows, n));
+    }
+    on_both([&](const Side& s) {
+      std::vector<LinearProjection> projections;
+      for (size_t i = 0; i < weights.size(); ++i)
+        projections.push_back({s(outs[i]), s.gpu ? weights[i].second : weights[i].first});
+      s.backend.add_rmsnorm_linear(projections, s(normed), c.kept, s(x), c.residual ? s(delta) : Tensor{},
+                                   s(norm_weight), 1e-6f, true);
+    });
+    Backend& gpu = b.gpu();
+    if (c.residual)
+      gpu.add_rmsnorm(normed_ops.gpu(), x_ops.gpu(), delta.gpu(), norm_weight.gpu, 1e-6f, true);
+    else
+      gpu.rmsnorm(normed_ops.gpu(), x_ops.gpu(), norm_weight.gpu, 1e-6f, true);
+    for (size_t i = 0; i < weights.size(); ++i)
+      gpu.linear(outs_ops[i].gpu(), normed_ops.gpu(), weights[i].second);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const std::string name = fmt::format("{} -> projection {} [{}, {}] g{}", label, i,
+                                           c.projections[i].first, c.hidden, c.projections[i].second);
+      compare("add_rmsnorm_linear", name, outs[i], linear_tolerance(normed_ops.gpu(), weights[i].second));
+      expect_close("add_rmsnorm_linear", name + " vs the separate ops", b.read_gpu(outs[i].gpu()),
+                   b.read_gpu(outs_ops[i].gpu()), kExact);
+    }
+    compare("add_rmsnorm_linear", label + " residual", x, kExact);
+    expect_close("add_rmsnorm_linear", label + " residual vs the separate ops", b.read_gpu(x.gpu()),
+                 b.read_gpu(x_ops.gpu()), kExact);
+    if (c.kept == NormedRows::Kept) {
+      compare("add_rmsnorm_linear", label + " normed rows", normed, kReductionTolerance);
+      expect_close("add_rmsnorm_linear", label + " normed rows vs the separate ops", b.read_gpu(normed.gpu()),
+                   b.read_gpu(normed_ops.gpu()), kExact);
+    }
   }
 }
 

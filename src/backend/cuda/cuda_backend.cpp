@@ -3,6 +3,7 @@
 // synchronize(); write() returns once the host data has been copied out.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -200,6 +201,28 @@ class CudaBackend final : public Backend {
     check_cuda(launch_add_rmsnorm(out, x, delta, weight, eps, unit_offset, stream()), "add_rmsnorm");
   }
 
+  // Prefill: the norm kernel writes the rows in BF16 straight into cuBLAS's operand (and in F32 only when
+  // kept), so the projections skip linear's pass that rounds them: the same values, one pass over the rows
+  // fewer per call and, with the rows as scratch, half the norm's writes.
+  void add_rmsnorm_linear(std::span<const LinearProjection> projections, const Tensor& normed,
+                          NormedRows rows, const Tensor& x, const Tensor& delta, const Tensor& weight,
+                          float eps, bool unit_offset) override {
+    const auto takes = [&](const LinearProjection& p) { return gemm_takes(x, p.w); };
+    if (projections.empty() || !std::all_of(projections.begin(), projections.end(), takes)) {
+      // checks the arguments itself
+      Backend::add_rmsnorm_linear(projections, normed, rows, x, delta, weight, eps, unit_offset);
+      return;
+    }
+    check_add_rmsnorm_linear_args(projections, normed, x, delta, weight);
+    require_rows_limit("add_rmsnorm_linear", x.rows);
+    GemmLinear& gemm = gemm_linear();
+    void* operand = gemm.operand(x.rows, x.cols, stream());
+    check_cuda(launch_rmsnorm_to_bf16(operand, rows == NormedRows::Kept ? normed : Tensor{}, x, delta, weight,
+                                      eps, unit_offset, stream()),
+               "add_rmsnorm_linear (norm)");
+    for (const LinearProjection& p : projections) gemm.multiply(p.out, operand, p.w, stream());
+  }
+
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                      float eps) override {
     check_norm("gated_rmsnorm", out, x, weight);
@@ -224,28 +247,40 @@ class CudaBackend final : public Backend {
       check_cuda(launch_dense_linear(out, x, w.weight, stream()), "linear (dense)");
   }
 
-  // One row (decode): the down projection stages silu(gate) * up itself, no silu_mul launch (act unused).
-  // More rows than the tensor-core linears take (prefill): the down projection's BF16 operand is made from
-  // gate_up in one pass (GemmLinear::run_gated; act unused). Between the two, the three ops: the many-row
-  // kernel stages x on its critical path, where the activation made verify 3% slower (H200, session 6). The
-  // values are the same every way.
-  void mlp(const Tensor& out, const Tensor& gate_up, const Tensor& act, const Tensor& x,
-           const LinearWeight& w_gate_up, const LinearWeight& w_down) override {
-    const bool one_row = gated_linear_mma_supports(gate_up, w_down);
-    const bool gemm = gemm_takes(x, w_down);
+  // One row (decode): the tensor-core linear stages silu(gate) * up itself, no silu_mul launch (act unused).
+  // More rows than the tensor-core linears take (prefill): the BF16 operand is made from gate_up in one pass
+  // (GemmLinear::run_gated; act unused). Between the two, the two ops: the many-row kernel stages x on its
+  // critical path, where the activation made verify 3% slower (H200, session 6). The values are the same
+  // every way.
+  void silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
+                         const LinearWeight& w) override {
+    const bool one_row = gated_linear_mma_supports(gate_up, w);
+    const bool gemm = gemm_takes(gate_up, w);
     if (!one_row && !gemm) {
-      Backend::mlp(out, gate_up, act, x, w_gate_up, w_down);  // checks the arguments itself
+      Backend::silu_gated_linear(out, gate_up, act, w);  // checks the arguments itself
       return;
     }
-    check_mlp_args(out, gate_up, act, x, w_gate_up, w_down);
-    linear(gate_up, x, w_gate_up);
+    check_silu_gated_linear_args(out, gate_up, act, w);
     if (one_row) {
-      check_cuda(
-          launch_gated_linear_mma(out, gate_up, w_down, linear_mma_workspace(x.rows, w_down), stream()),
-          "mlp down projection (tensor cores)");
+      check_cuda(launch_gated_linear_mma(out, gate_up, w, linear_mma_workspace(gate_up.rows, w), stream()),
+                 "silu_gated_linear (tensor cores)");
       return;
     }
-    gemm_linear().run_gated(out, gate_up, w_down, stream());
+    const int64_t intermediate = w.in_features;
+    gemm_linear().run_gated(out, gate_up.cols_view(0, intermediate),
+                            gate_up.cols_view(intermediate, intermediate).ptr<const float>(),
+                            RowGate::SiluMul, w, stream());
+  }
+
+  // Prefill: x * sigmoid(gate) made by the pass that rounds x to BF16 for cuBLAS (x left as it is).
+  void sigmoid_gated_linear(const Tensor& out, const Tensor& x, const Tensor& gate,
+                            const LinearWeight& w) override {
+    if (!gemm_takes(x, w) || gate.stride != x.stride) {
+      Backend::sigmoid_gated_linear(out, x, gate, w);  // checks the arguments itself
+      return;
+    }
+    check_sigmoid_gated_linear_args(out, x, gate, w);
+    gemm_linear().run_gated(out, x, gate.ptr<const float>(), RowGate::SigmoidMul, w, stream());
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {

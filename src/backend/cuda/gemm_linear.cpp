@@ -68,30 +68,31 @@ void* GemmLinear::scratch(DeviceMemory& memory, size_t bytes) {
 }
 
 void GemmLinear::run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream) {
-  multiply(out, x_to_bf16(x, nullptr, stream), w, stream);
+  multiply(out, x_to_bf16(x, nullptr, RowGate::None, stream), w, stream);
 }
 
-void GemmLinear::run_gated(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
-                           cudaStream_t stream) {
-  const int64_t k = w.in_features;
-  multiply(out, x_to_bf16(gate_up.cols_view(0, k), gate_up.cols_view(k, k).ptr<const float>(), stream), w,
-           stream);
+void GemmLinear::run_gated(const Tensor& out, const Tensor& x, const float* y, RowGate gate,
+                           const LinearWeight& w, cudaStream_t stream) {
+  multiply(out, x_to_bf16(x, y, gate, stream), w, stream);
 }
 
 void GemmLinear::run_pair(const Tensor& out_a, const LinearWeight& w_a, const Tensor& out_b,
                           const LinearWeight& w_b, const Tensor& x, cudaStream_t stream) {
-  const void* x_bf16 = x_to_bf16(x, nullptr, stream);
+  const void* x_bf16 = x_to_bf16(x, nullptr, RowGate::None, stream);
   multiply(out_a, x_bf16, w_a, stream);
   multiply(out_b, x_bf16, w_b, stream);
 }
 
-const void* GemmLinear::x_to_bf16(const Tensor& x, const float* up, cudaStream_t stream) {
+void* GemmLinear::operand(int64_t rows, int64_t cols, cudaStream_t stream) {
   check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
   check_cublas(cublasSetWorkspace(handle_, cublas_workspace_.data(), cublas_workspace_.bytes()),
                "cublasSetWorkspace");
-  void* x_bf16 = scratch(x_bf16_, static_cast<size_t>(x.rows * x.cols) * kBf16Bytes);
-  check_cuda(launch_rows_to_bf16(x_bf16, x, up, stream),
-             up != nullptr ? "linear (silu(gate) * up to BF16)" : "linear (x to BF16)");
+  return scratch(x_bf16_, static_cast<size_t>(rows * cols) * kBf16Bytes);
+}
+
+const void* GemmLinear::x_to_bf16(const Tensor& x, const float* y, RowGate gate, cudaStream_t stream) {
+  void* x_bf16 = operand(x.rows, x.cols, stream);
+  check_cuda(launch_rows_to_bf16(x_bf16, x, y, gate, stream), "linear (x to BF16)");
   return x_bf16;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_resources.h"
+#include "backend/cuda/launchers.h"
 #include "backend/tensor.h"
 
 namespace qspec::cuda {
@@ -30,23 +31,28 @@ class GemmLinear {
   static bool supports(const LinearWeight& w);
   // Scratch grows here (a step's first, unrecorded run); a recorded step reuses it.
   void run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream);
-  // The gated MLP's down projection, out = (silu(gate) * up) W^T for gate_up = [gate | up] (w.in_features
-  // columns each): the activation is made, as silu_mul makes it, by the pass that rounds x to BF16, so it is
-  // neither stored in F32 nor read back (linear after silu_mul gives the same values).
-  void run_gated(const Tensor& out, const Tensor& gate_up, const LinearWeight& w, cudaStream_t stream);
+  // out = g(x, y) W^T with g one of RowGate's (launchers.h: silu_mul for the gated MLP's down projection,
+  // x * sigmoid(y) for the gated attention's output) and y's rows at x's row stride: g is applied, as the
+  // elementwise op applies it, by the pass that rounds x to BF16, so g(x, y) is neither stored in F32 nor
+  // read back (the same values as linear after the elementwise op).
+  void run_gated(const Tensor& out, const Tensor& x, const float* y, RowGate gate, const LinearWeight& w,
+                 cudaStream_t stream);
   // Two weights against the same x (out_a = x w_a^T, out_b = x w_b^T): x is rounded to BF16 once.
   void run_pair(const Tensor& out_a, const LinearWeight& w_a, const Tensor& out_b, const LinearWeight& w_b,
                 const Tensor& x, cudaStream_t stream);
+  // For x made in BF16 by a kernel of the caller (the norms before the linears: launch_rmsnorm_to_bf16): the
+  // scratch it writes x [rows, cols] into (contiguous), after which multiply() takes it. Binds cuBLAS to the
+  // stream.
+  void* operand(int64_t rows, int64_t cols, cudaStream_t stream);
+  // out = x W^T for x_bf16 [out.rows, w.in_features] in operand()'s scratch.
+  void multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream);
   // Counts the reallocations of the scratch buffers (step graphs recorded before one are stale).
   uint64_t scratch_generation() const { return scratch_generation_; }
 
  private:
   void* scratch(DeviceMemory& memory, size_t bytes);
-  // x [M, k], or silu_mul(x, up) when up is not null (rows at x's stride), rounded to BF16 in the scratch;
-  // binds cuBLAS to the stream.
-  const void* x_to_bf16(const Tensor& x, const float* up, cudaStream_t stream);
-  // out = x W^T for x_bf16 [out.rows, w.in_features] made by x_to_bf16.
-  void multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream);
+  // g(x, y) [M, k] (launch_rows_to_bf16) rounded to BF16 in operand()'s scratch.
+  const void* x_to_bf16(const Tensor& x, const float* y, RowGate gate, cudaStream_t stream);
 
   int64_t max_slice_elements_;
   cublasHandle_t handle_ = nullptr;

@@ -30,6 +30,11 @@ cudaError_t launch_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& wei
 // x += delta, then out = rmsnorm(x) (x updated in place).
 cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
                                float eps, bool unit_offset, cudaStream_t stream);
+// The norm whose rows a cuBLAS GEMM reads (gemm_linear.h): rmsnorm(x), after x += delta when delta is
+// non-empty, into `operand` (x.rows * x.cols BF16 values, contiguous) rounded as launch_rows_to_bf16 rounds
+// F32 rows, and into out as F32 when out is non-empty. Lets no kernel in early (pdl.cuh: cuBLAS comes next).
+cudaError_t launch_rmsnorm_to_bf16(void* operand, const Tensor& out, const Tensor& x, const Tensor& delta,
+                                   const Tensor& weight, float eps, bool unit_offset, cudaStream_t stream);
 
 // linear.cu: out = x W^T, dense (BF16/F16/F32 weight [N, K]) or W4A16 (packed I32 [N, K/8] + scales).
 cudaError_t launch_dense_linear(const Tensor& out, const Tensor& x, const Tensor& weight,
@@ -79,9 +84,12 @@ cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, co
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream);
 
 // linear_gemm.cu: the BF16 operands of the many-row linear (gemm_linear.h). out holds x.rows * x.cols BF16
-// values (contiguous): x, or with up (null: none; else x.rows rows of x.cols values at x's row stride)
-// silu_mul(x, up); the dequantized slice holds rows * in_features.
-cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* up, cudaStream_t stream);
+// values (contiguous) made from x and, for a gate, y (x.rows rows of x.cols values at x's row stride):
+// x itself, silu_mul(x, y) (the gated MLP) or x * sigmoid(y) (the gated attention's output); the dequantized
+// slice holds rows * in_features.
+enum class RowGate { None, SiluMul, SigmoidMul };
+cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* y, RowGate gate,
+                                cudaStream_t stream);
 cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,
                                     cudaStream_t stream);
 

@@ -23,11 +23,23 @@ constexpr int kConvertColumns = 4;
 constexpr int kDequantizeBlock = 64;
 constexpr int kValuesPerWord = 8;
 
-// Grid column_blocks_by_rows (device_math.cuh). up: null, or the up half (x the gate half, same row stride):
-// the values are silu_mul(x, up). kAligned: 16-byte aligned source rows and a multiple of 4 columns (float4
-// loads and one 8-byte store per thread); otherwise element by element.
-template <bool kAligned>
-__global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, const float* up, int64_t x_stride,
+// One value of the operand (launchers.h): x, silu_mul(x, y) or x * sigmoid(y), as silu_mul and sigmoid_mul
+// make them.
+template <RowGate kGate>
+__device__ inline float gated_value(float x, float y) {
+  if constexpr (kGate == RowGate::SiluMul)
+    return silu_mul(x, y);
+  else if constexpr (kGate == RowGate::SigmoidMul)
+    return x * sigmoid(y);
+  else
+    return x;
+}
+
+// Grid column_blocks_by_rows (device_math.cuh). y: the gate's second operand at x's row stride (unused for
+// RowGate::None). kAligned: 16-byte aligned source rows and a multiple of 4 columns (float4 loads and one
+// 8-byte store per thread); otherwise element by element.
+template <RowGate kGate, bool kAligned>
+__global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, const float* y, int64_t x_stride,
                                     int64_t rows, int cols) {
   wait_for_previous_kernel();  // no early allow_next_kernel(): cuBLAS comes next (pdl.cuh)
   const int c =
@@ -38,14 +50,16 @@ __global__ void rows_to_bf16_kernel(__nv_bfloat16* out, const float* x, const fl
     __nv_bfloat16* dst = out + r * cols + c;
     if constexpr (kAligned) {
       float4 v = *reinterpret_cast<const float4*>(x + offset);
-      if (up != nullptr) {
-        const float4 u = *reinterpret_cast<const float4*>(up + offset);
-        v = make_float4(silu_mul(v.x, u.x), silu_mul(v.y, u.y), silu_mul(v.z, u.z), silu_mul(v.w, u.w));
+      if constexpr (kGate != RowGate::None) {
+        const float4 u = *reinterpret_cast<const float4*>(y + offset);
+        v = make_float4(gated_value<kGate>(v.x, u.x), gated_value<kGate>(v.y, u.y),
+                        gated_value<kGate>(v.z, u.z), gated_value<kGate>(v.w, u.w));
       }
       *reinterpret_cast<uint2*>(dst) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
     } else {
       for (int i = 0; i < kConvertColumns && c + i < cols; ++i)
-        dst[i] = __float2bfloat16_rn(up != nullptr ? silu_mul(x[offset + i], up[offset + i]) : x[offset + i]);
+        dst[i] = __float2bfloat16_rn(
+            gated_value<kGate>(x[offset + i], kGate == RowGate::None ? 0.0f : y[offset + i]));
     }
   }
 }
@@ -91,17 +105,36 @@ __global__ void dequantize_w4a16_kernel(__nv_bfloat16* out, const uint32_t* pack
 
 }  // namespace
 
-cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* up, cudaStream_t stream) {
-  if (x.numel() == 0) return cudaSuccess;
+namespace {
+
+template <RowGate kGate>
+cudaError_t launch_rows_to_bf16_gated(__nv_bfloat16* out, const Tensor& x, const float* y,
+                                      cudaStream_t stream) {
   constexpr int kColumnsPerBlock = kConvertBlock * kConvertColumns;
   const dim3 grid = column_blocks_by_rows(x.rows, x.cols, kColumnsPerBlock);
-  // The up rows share x's row stride: float4 loads when both start 16-byte aligned.
+  // y's rows share x's row stride: float4 loads when both start 16-byte aligned.
   const bool aligned = x.cols % kConvertColumns == 0 && rows_aligned_to_float4(x) &&
-                       (up == nullptr || reinterpret_cast<uintptr_t>(up) % 16 == 0);
-  auto* dst = static_cast<__nv_bfloat16*>(out);
+                       (kGate == RowGate::None || reinterpret_cast<uintptr_t>(y) % 16 == 0);
   const int cols = static_cast<int>(x.cols);
-  return launch_kernel(aligned ? rows_to_bf16_kernel<true> : rows_to_bf16_kernel<false>, grid, kConvertBlock,
-                       0, stream, dst, x.ptr<const float>(), up, x.stride, x.rows, cols);
+  return launch_kernel(aligned ? rows_to_bf16_kernel<kGate, true> : rows_to_bf16_kernel<kGate, false>, grid,
+                       kConvertBlock, 0, stream, out, x.ptr<const float>(), y, x.stride, x.rows, cols);
+}
+
+}  // namespace
+
+cudaError_t launch_rows_to_bf16(void* out, const Tensor& x, const float* y, RowGate gate,
+                                cudaStream_t stream) {
+  if (x.numel() == 0) return cudaSuccess;
+  auto* dst = static_cast<__nv_bfloat16*>(out);
+  switch (gate) {
+    case RowGate::None:
+      return launch_rows_to_bf16_gated<RowGate::None>(dst, x, y, stream);
+    case RowGate::SiluMul:
+      return launch_rows_to_bf16_gated<RowGate::SiluMul>(dst, x, y, stream);
+    case RowGate::SigmoidMul:
+      return launch_rows_to_bf16_gated<RowGate::SigmoidMul>(dst, x, y, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t first_row, int64_t rows,

@@ -2,6 +2,10 @@
 // y = w * rmsnorm(x) * silu(z), and the residual form x += delta; y = rmsnorm(x) (one kernel instead of an
 // add and a norm per residual connection). One block per (row, group); sum of squares in fp32.
 //
+// A norm whose rows feed cuBLAS (prefill) also writes them rounded to BF16, as rows_to_bf16 would round
+// them, into the GEMM's operand, and the F32 rows only where something else reads them: the linears then
+// skip their pass over the rows.
+//
 // Groups of a multiple of 4 columns with 16-byte aligned rows (every Qwen3.5 norm) take the register kernel:
 // each thread holds up to kMaxQuadsPerThread float4 of its group, so x is read from memory once and written
 // once, in 16-byte accesses. Groups of up to 128 columns (the GDN heads' gated norm, 32 per token) take a
@@ -25,12 +29,13 @@ enum class NormInput { Plain, Gated, Residual };
 
 // kResidual: x is updated in place (x += delta) before it is normalised; each thread reads back only the
 // elements it wrote.
+// out: the F32 rows, or null; operand: the BF16 rows (contiguous, gridDim.x * group values), or null.
 template <typename W, NormInput kInput>
-__global__ void rmsnorm_kernel(float* out, int64_t out_stride, float* x, int64_t x_stride, const W* weight,
-                               const float* z, int64_t z_stride, int64_t group, float eps,
-                               float weight_offset) {
+__global__ void rmsnorm_kernel(float* out, int64_t out_stride, __nv_bfloat16* operand, float* x,
+                               int64_t x_stride, const W* weight, const float* z, int64_t z_stride,
+                               int64_t group, float eps, float weight_offset) {
   wait_for_previous_kernel();
-  allow_next_kernel();
+  allow_next_kernel_unless_cublas_next(operand != nullptr);
   constexpr bool kGated = kInput == NormInput::Gated;
   __shared__ float scratch[kBlock / kWarpSize];
   const int64_t t = blockIdx.y;
@@ -44,13 +49,17 @@ __global__ void rmsnorm_kernel(float* out, int64_t out_stride, float* x, int64_t
   for (int64_t i = threadIdx.x; i < group; i += blockDim.x) sum_of_squares += in[i] * in[i];
   sum_of_squares = block_sum(sum_of_squares, scratch);
   const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(group) + eps);
-  float* y = out + t * out_stride + first;
+  float* y = out == nullptr ? nullptr : out + t * out_stride + first;
+  __nv_bfloat16* y_bf16 = operand == nullptr ? nullptr : operand + t * gridDim.x * group + first;
   for (int64_t i = threadIdx.x; i < group; i += blockDim.x) {
     const float scale = weight_offset + to_float(weight[i]);
+    float value;
     if constexpr (kGated)
-      y[i] = gated_norm(scale, in[i], inverse_rms, z[t * z_stride + first + i]);
+      value = gated_norm(scale, in[i], inverse_rms, z[t * z_stride + first + i]);
     else
-      y[i] = in[i] * inverse_rms * scale;
+      value = in[i] * inverse_rms * scale;
+    if (y != nullptr) y[i] = value;
+    if (y_bf16 != nullptr) y_bf16[i] = __float2bfloat16_rn(value);
   }
 }
 
@@ -64,13 +73,13 @@ __device__ inline void store4(float* p, float4 v) {
 // The register form: thread i holds quads i, i + kThreads, ... (at most kQuads) of its group of `quads`
 // float4, kThreads being the block (kWarpGroups false: a block per group, the sum of squares over the block)
 // or a warp (kWarpGroups: a warp per group, groups blockIdx.x * warps + warp of the row). Same arithmetic per
-// element as rmsnorm_kernel.
+// element and the same outputs as rmsnorm_kernel (operand: groups * quads * 4 values a row).
 template <typename W, NormInput kInput, int kQuads, bool kWarpGroups>
-__global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, int64_t x_stride,
-                                     const W* weight, const float* z, int64_t z_stride, int quads, int groups,
-                                     float eps, float weight_offset) {
+__global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, __nv_bfloat16* operand, float* x,
+                                     int64_t x_stride, const W* weight, const float* z, int64_t z_stride,
+                                     int quads, int groups, float eps, float weight_offset) {
   wait_for_previous_kernel();
-  allow_next_kernel();
+  allow_next_kernel_unless_cublas_next(operand != nullptr);
   constexpr bool kGated = kInput == NormInput::Gated;
   __shared__ float scratch[kBlock / kWarpSize];
   const int64_t t = blockIdx.y;
@@ -111,7 +120,8 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
   else
     sum_of_squares = block_sum(sum_of_squares, scratch);
   const float inverse_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(quads * 4) + eps);
-  float* y = out + t * out_stride + first;
+  float* y = out == nullptr ? nullptr : out + t * out_stride + first;
+  __nv_bfloat16* y_bf16 = operand == nullptr ? nullptr : operand + t * int64_t{groups} * quads * 4 + first;
 #pragma unroll
   for (int k = 0; k < kQuads; ++k) {
     const int q = thread + k * threads;
@@ -132,7 +142,9 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, float* x, i
       else
         r[e] = v[e] * inverse_rms * scales[k][e];
     }
-    store4(y + 4 * q, make_float4(r[0], r[1], r[2], r[3]));
+    if (y != nullptr) store4(y + 4 * q, make_float4(r[0], r[1], r[2], r[3]));
+    if (y_bf16 != nullptr)
+      *reinterpret_cast<uint2*>(y_bf16 + 4 * q) = make_uint2(bf16_pair(r[0], r[1]), bf16_pair(r[2], r[3]));
   }
 }
 
@@ -147,8 +159,8 @@ QuadsShape quads_shape(int64_t quads) {
 }
 
 template <typename W, NormInput kInput, int kQuads>
-cudaError_t launch_quads(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
-                         float weight_offset, int threads, cudaStream_t stream) {
+cudaError_t launch_quads(const Tensor& out, __nv_bfloat16* operand, const Tensor& x, const Tensor& weight,
+                         const Tensor& z, float eps, float weight_offset, int threads, cudaStream_t stream) {
   const int64_t groups = x.cols / weight.cols;
   const auto quads = static_cast<int>(weight.cols / 4);
   if constexpr (kQuads == 1) {
@@ -157,20 +169,21 @@ cudaError_t launch_quads(const Tensor& out, const Tensor& x, const Tensor& weigh
       const dim3 grid(static_cast<unsigned int>((groups + kGroupsPerBlock - 1) / kGroupsPerBlock),
                       static_cast<unsigned int>(x.rows));
       return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads, true>, grid, kBlock, 0, stream,
-                           out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(),
-                           z.ptr<const float>(), z.stride, quads, static_cast<int>(groups), eps,
-                           weight_offset);
+                           out.ptr<float>(), out.stride, operand, x.ptr<float>(), x.stride,
+                           weight.ptr<const W>(), z.ptr<const float>(), z.stride, quads,
+                           static_cast<int>(groups), eps, weight_offset);
     }
   }
   const dim3 grid(static_cast<unsigned int>(groups), static_cast<unsigned int>(x.rows));
   return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads, false>, grid, threads, 0, stream,
-                       out.ptr<float>(), out.stride, x.ptr<float>(), x.stride, weight.ptr<const W>(),
+                       out.ptr<float>(), out.stride, operand, x.ptr<float>(), x.stride, weight.ptr<const W>(),
                        z.ptr<const float>(), z.stride, quads, static_cast<int>(groups), eps, weight_offset);
 }
 
+// out: the F32 rows (empty: none); operand: the BF16 rows for cuBLAS (null: none).
 template <NormInput kInput>
-cudaError_t launch_norm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z, float eps,
-                        bool unit_offset, cudaStream_t stream) {
+cudaError_t launch_norm(const Tensor& out, __nv_bfloat16* operand, const Tensor& x, const Tensor& weight,
+                        const Tensor& z, float eps, bool unit_offset, cudaStream_t stream) {
   if (x.rows == 0 || x.cols == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned int>(x.cols / weight.cols), static_cast<unsigned int>(x.rows));
   const float weight_offset = unit_offset ? 1.0f : 0.0f;
@@ -183,16 +196,20 @@ cudaError_t launch_norm(const Tensor& out, const Tensor& x, const Tensor& weight
     if (quads) {
       static_assert(kMaxQuadsPerThread == 8, "one case per register kernel");
       if (shape.quads_per_thread <= 1)
-        return launch_quads<W, kInput, 1>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+        return launch_quads<W, kInput, 1>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
+                                          stream);
       if (shape.quads_per_thread <= 2)
-        return launch_quads<W, kInput, 2>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+        return launch_quads<W, kInput, 2>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
+                                          stream);
       if (shape.quads_per_thread <= 4)
-        return launch_quads<W, kInput, 4>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
-      return launch_quads<W, kInput, 8>(out, x, weight, z, eps, weight_offset, shape.threads, stream);
+        return launch_quads<W, kInput, 4>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
+                                          stream);
+      return launch_quads<W, kInput, 8>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
+                                        stream);
     }
     return launch_kernel(rmsnorm_kernel<W, kInput>, grid, kBlock, 0, stream, out.ptr<float>(), out.stride,
-                         x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(), z.stride,
-                         weight.cols, eps, weight_offset);
+                         operand, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
+                         z.stride, weight.cols, eps, weight_offset);
   });
 }
 
@@ -200,13 +217,21 @@ cudaError_t launch_norm(const Tensor& out, const Tensor& x, const Tensor& weight
 
 cudaError_t launch_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                            float eps, bool unit_offset, cudaStream_t stream) {
-  if (z.empty()) return launch_norm<NormInput::Plain>(out, x, weight, z, eps, unit_offset, stream);
-  return launch_norm<NormInput::Gated>(out, x, weight, z, eps, unit_offset, stream);
+  if (z.empty()) return launch_norm<NormInput::Plain>(out, nullptr, x, weight, z, eps, unit_offset, stream);
+  return launch_norm<NormInput::Gated>(out, nullptr, x, weight, z, eps, unit_offset, stream);
 }
 
 cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
                                float eps, bool unit_offset, cudaStream_t stream) {
-  return launch_norm<NormInput::Residual>(out, x, weight, delta, eps, unit_offset, stream);
+  return launch_norm<NormInput::Residual>(out, nullptr, x, weight, delta, eps, unit_offset, stream);
+}
+
+cudaError_t launch_rmsnorm_to_bf16(void* operand, const Tensor& out, const Tensor& x, const Tensor& delta,
+                                   const Tensor& weight, float eps, bool unit_offset, cudaStream_t stream) {
+  auto* rows = static_cast<__nv_bfloat16*>(operand);
+  if (delta.empty())
+    return launch_norm<NormInput::Plain>(out, rows, x, weight, delta, eps, unit_offset, stream);
+  return launch_norm<NormInput::Residual>(out, rows, x, weight, delta, eps, unit_offset, stream);
 }
 
 }  // namespace qspec::cuda

@@ -41,6 +41,13 @@ __device__ __forceinline__ void allow_next_kernel() {
 #endif
 }
 
+// allow_next_kernel() in a kernel that makes cuBLAS's operand in some calls (`cublas_next`: the norms that
+// write BF16 rows for the GEMM after them); those calls only wait, as the operand kernels of linear_gemm.cu
+// (below).
+__device__ __forceinline__ void allow_next_kernel_unless_cublas_next(bool cublas_next) {
+  if (!cublas_next) allow_next_kernel();
+}
+
 // Whether launches carry the PDL attribute: the kernels were compiled for sm_90+ (their griddepcontrol.wait
 // exists in the code the device runs) and the environment does not say QSPEC_PDL=0. Decided on the first
 // call (CudaBackend's constructor makes it, outside any stream capture) and fixed for the process.
