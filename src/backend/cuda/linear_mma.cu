@@ -592,11 +592,11 @@ __device__ inline void sum_splits(const float* partials, int64_t split_stride, i
   }
 }
 
-// Writes an item's sums (acc[h][i]: feature first_feature + g + 8 (i / 2), row 8h + 2q + i % 2); with K
-// split, the last block of the tile group to finish adds the splits' partials in split order.
+// Writes a tile's sums of an item (acc[h][i]: feature first_feature + g + 8 (i / 2), row 8h + 2q + i % 2):
+// the output, or with K split the item's split partials.
 template <int kHalves>
-__device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (&acc)[kHalves][4],
-                            int64_t first_feature, int g, int q, bool* last_block) {
+__device__ void store_item_sums(const MmaArgs& a, const MmaItem& item, const float (&acc)[kHalves][4],
+                                int64_t first_feature, int g, int q) {
   const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
   const int rows_here = static_cast<int>(min64(a.rows - first_row, kHalves * 8));
   const bool split_k = a.splits > 1;
@@ -611,8 +611,15 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
       if (feature < a.out_features && r < rows_here)
         target[(first_row + r) * target_stride + feature] = acc[h][i];
     }
-  if (!split_k) return;
+}
 
+// After every tile of the block stored its sums (store_item_sums), with K split: the last block of the
+// group of kFeatures features (item.group) to finish adds the splits' partials in split order.
+template <int kFeatures, int kRows>
+__device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* last_block) {
+  if (a.splits == 1) return;
+  const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
+  const int rows_here = static_cast<int>(min64(a.rows - first_row, kRows));
   __syncthreads();  // the block's partials are stored before thread 0's ticket releases them
   if (threadIdx.x == 0) {
     unsigned* counter = a.counters + item.group * a.passes + item.pass;
@@ -623,16 +630,16 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
   if (!*last_block) return;
   // kBatch elements per thread at a time (elements past the group's rows or features read element 0).
   constexpr int kBatch = 4;
-  const int elements = kGroupFeatures * rows_here;
+  const int elements = kFeatures * rows_here;
   for (int first = static_cast<int>(threadIdx.x); first < elements; first += kBatch * kThreads) {
     int64_t offset[kBatch];
     bool valid[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int e = first + b * kThreads;
-      const int64_t feature = item.group * kGroupFeatures + e % kGroupFeatures;
+      const int64_t feature = item.group * kFeatures + e % kFeatures;
       valid[b] = e < elements && feature < a.out_features;
-      offset[b] = valid[b] ? (first_row + e / kGroupFeatures) * a.out_features + feature : 0;
+      offset[b] = valid[b] ? (first_row + e / kFeatures) * a.out_features + feature : 0;
     }
     float total[kBatch];
     sum_splits<kBatch, 4>(a.partials, a.rows * a.out_features, a.splits, offset, total);
@@ -640,8 +647,7 @@ __device__ void finish_item(const MmaArgs& a, const MmaItem& item, const float (
     for (int b = 0; b < kBatch; ++b)
       if (valid[b]) {
         const int e = first + b * kThreads;
-        a.out[(first_row + e / kGroupFeatures) * a.out_stride + item.group * kGroupFeatures +
-              e % kGroupFeatures] = total[b];
+        a.out[(first_row + e / kFeatures) * a.out_stride + item.group * kFeatures + e % kFeatures] = total[b];
       }
   }
 }
@@ -745,7 +751,8 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     }
 
     if (next_index != item_index) {
-      finish_item<kHalves>(a, item, acc, first_feature_of(item.group), g, q, &last_block);
+      store_item_sums<kHalves>(a, item, acc, first_feature_of(item.group), g, q);
+      sum_item_splits<kGroupFeatures, kRows>(a, item, &last_block);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h)
 #pragma unroll
@@ -761,52 +768,65 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
 }
 
 // The many-row kernel for W4A16 weights whose chunks copy to shared memory (PackedInt4Weights::
-// kRingCopies), K whole chunks: the same items and arithmetic as linear_mma_kernel (so the same sums), but
-// each lane keeps kRingDepth chunks of its weights in flight through cp.async into its own shared-memory
-// slots (no registers held, no barrier: a lane reads only what it copied), and the item's x is staged once,
-// every chunk of it, before the first chunk is computed. The register-held kernel has one stage in flight
-// and an L2 round trip for x per chunk, so an item's chunks came one latency apart.
-constexpr int kRingDepth = 5;
+// kRingCopies), K whole chunks: the splits and per-tile arithmetic of linear_mma_kernel (so the same sums),
+// but a warp owns kRingTiles tiles that share its x fragments, so a block's item is 128 features (x, staged
+// as FP32 from L2, was twice the weights' bytes with 64), and each lane keeps kRingDepth chunks of its
+// weights in flight through cp.async into its own shared-memory slots (no registers held, no barrier: a lane
+// reads only what it copied). An item's x is staged once, every chunk of it.
+constexpr int kRingTiles = 2;
+constexpr int kRingDepth = 4;
+constexpr int kRingBlocksPerMultiprocessor = 3;
+constexpr int kRingGroupFeatures = kWarps * kRingTiles * kTileFeatures;
 constexpr int kRingStagePasses = 5;  // an item's x (16 rows of 5 chunks: 10 passes) in two round trips
 
 struct RingLayout {
-  int row_words;  // staged x: FP16 words of a row of the item's chunks (+ 16: rows g and g + 1 on other
-                  // banks)
-  static constexpr int kSlotVectors = 3 * kRingDepth * kThreads;  // low, high and scale slots
+  // low, high and scale slots of every tile and stage
+  static constexpr int kSlotVectors = 3 * kRingTiles * kRingDepth * kThreads;
 
-  __host__ __device__ static int row_words_for(int64_t chunks) {
+  // Staged x: FP16 words of a row of `chunks` chunks (+ 16: rows g and g + 1 on other banks).
+  __host__ __device__ static int row_words(int64_t chunks) {
     return static_cast<int>(chunks) * kChunkGroups * kXWords<XForm::Fp16Scaled> + 16;
   }
   __host__ __device__ static int64_t bytes(int rows, int64_t chunks) {
-    return int64_t{kSlotVectors} * 16 + int64_t{rows} * row_words_for(chunks) * 4 + rows * chunks * 4;
+    return int64_t{kSlotVectors} * 16 + int64_t{rows} * row_words(chunks) * 4 + rows * chunks * 4;
   }
 };
 
 template <typename Weights, int kHalves, bool kAlignedX>
-__global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
+__global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
     linear_ring_kernel(MmaArgs a, Weights weights) {
   constexpr int kRows = kHalves * 8;
+  constexpr int kSlotStride = kRingDepth * kThreads;  // between the slot arrays of one kind
   extern __shared__ uint4 ring_storage[];
   __shared__ bool last_block;
   const int t = static_cast<int>(threadIdx.x);
   const int warp = t / kWarpSize, lane = t % kWarpSize;
   const int g = lane / 4, q = lane % 4;
-  uint4* const low_slots = ring_storage;  // [kRingDepth][kThreads] each
-  uint4* const high_slots = low_slots + kRingDepth * kThreads;
-  uint4* const scale_slots = high_slots + kRingDepth * kThreads;
+  // [kRingTiles][kRingDepth][kThreads] each
+  uint4* const low_slots = ring_storage;
+  uint4* const high_slots = low_slots + kRingTiles * kSlotStride;
+  uint4* const scale_slots = high_slots + kRingTiles * kSlotStride;
+  auto* const x_values = reinterpret_cast<uint32_t*>(ring_storage + RingLayout::kSlotVectors);
 
   const MmaItem item = mma_item(a, blockIdx.x);
   const int chunks = static_cast<int>(item.end_chunk - item.first_chunk);
-  const int64_t first_feature = (item.group * kWarps + warp) * kTileFeatures;
-  const typename Weights::Rows rows = weights.rows(min64(first_feature + g, a.out_features - 1),
-                                                   min64(first_feature + g + 8, a.out_features - 1));
-  // Chunk c of the item (if there is one) into slot c % kRingDepth; a group is committed either way, so
+  const int64_t first_feature = item.group * kRingGroupFeatures + warp * kRingTiles * kTileFeatures;
+  typename Weights::Rows rows[kRingTiles];
+#pragma unroll
+  for (int tile = 0; tile < kRingTiles; ++tile) {
+    const int64_t first = first_feature + tile * kTileFeatures;
+    rows[tile] = weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
+  }
+  // Chunk c of the item (if there is one) into stage c % kRingDepth; a group is committed either way, so
   // that waiting for all but kRingDepth - 1 groups always means chunk c has landed.
   auto copy_chunk = [&](int c) {
     if (c < chunks) {
-      const int slot = (c % kRingDepth) * kThreads + t;
-      weights.copy_whole_async(rows, static_cast<int>(item.first_chunk) + c, q, low_slots + slot,
-                               high_slots + slot, scale_slots + slot);
+#pragma unroll
+      for (int tile = 0; tile < kRingTiles; ++tile) {
+        const int slot = tile * kSlotStride + (c % kRingDepth) * kThreads + t;
+        weights.copy_whole_async(rows[tile], static_cast<int>(item.first_chunk) + c, q, low_slots + slot,
+                                 high_slots + slot, scale_slots + slot);
+      }
     }
     cp_async_commit();
   };
@@ -815,8 +835,7 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
   wait_for_previous_kernel();
   allow_next_kernel();
 
-  const int row_words = RingLayout::row_words_for(chunks);
-  auto* x_values = reinterpret_cast<uint32_t*>(scale_slots + kRingDepth * kThreads);
+  const int row_words = RingLayout::row_words(chunks);
   const XStage x_stage{x_values, reinterpret_cast<float*>(x_values + kRows * row_words), row_words, chunks};
   const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
   const int rows_here = static_cast<int>(min64(a.rows - first_row, kRows));
@@ -825,13 +844,17 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
                                                           item.first_chunk * kChunkK);
   __syncthreads();
 
-  float acc[kHalves][4] = {};
+  float acc[kRingTiles][kHalves][4] = {};
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<kRingDepth - 1>();
-    const int slot = (c % kRingDepth) * kThreads + t;
-    const typename Weights::Loaded w = Weights::read_copied(
-        low_slots[slot], high_slots[slot], scale_slots[slot], static_cast<int>(item.first_chunk) + c);
-    float chunk_sums[kHalves][4] = {};
+    typename Weights::Loaded w[kRingTiles];
+#pragma unroll
+    for (int tile = 0; tile < kRingTiles; ++tile) {
+      const int slot = tile * kSlotStride + (c % kRingDepth) * kThreads + t;
+      w[tile] = Weights::read_copied(low_slots[slot], high_slots[slot], scale_slots[slot],
+                                     static_cast<int>(item.first_chunk) + c);
+    }
+    float chunk_sums[kRingTiles][kHalves][4] = {};
 #pragma unroll
     for (int u = 0; u < kChunkBlocks; ++u) {
       uint4 x[1][kHalves];
@@ -840,17 +863,23 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
         x[0][h] =
             *reinterpret_cast<const uint4*>(x_values + (h * 8 + g) * row_words +
                                             ((c * kChunkBlocks + u) * 4 + q) * kXWords<XForm::Fp16Scaled>);
-      Weights::template accumulate<kHalves>(chunk_sums, w, u, x);
+#pragma unroll
+      for (int tile = 0; tile < kRingTiles; ++tile)
+        Weights::template accumulate<kHalves>(chunk_sums[tile], w[tile], u, x);
     }
     float inverse[kHalves][2];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h)
 #pragma unroll
       for (int i = 0; i < 2; ++i) inverse[h][i] = x_stage.scales[(h * 8 + 2 * q + i) * chunks + c];
-    fold_chunk<kHalves>(acc, chunk_sums, inverse);
-    copy_chunk(c + kRingDepth);  // into the slot just read
+#pragma unroll
+    for (int tile = 0; tile < kRingTiles; ++tile) fold_chunk<kHalves>(acc[tile], chunk_sums[tile], inverse);
+    copy_chunk(c + kRingDepth);  // into the stage just read
   }
-  finish_item<kHalves>(a, item, acc, first_feature, g, q, &last_block);
+#pragma unroll
+  for (int tile = 0; tile < kRingTiles; ++tile)
+    store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
+  sum_item_splits<kRingGroupFeatures, kRows>(a, item, &last_block);
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
@@ -1081,8 +1110,8 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
                        static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights);
 }
 
-// The ring kernel's shared memory is at most this (4 blocks of it fit an H200 SM's 227 KB).
-constexpr int64_t kRingMaxBytes = 56 * 1024;
+// The ring kernel's shared memory is at most this (3 blocks of it fit an H200 SM's 227 KB).
+constexpr int64_t kRingMaxBytes = 74 * 1024;
 
 // QSPEC_RING_KERNEL=0 sends W4A16 to the register-held many-row kernel (an A/B switch).
 bool ring_kernel_enabled() {
@@ -1130,8 +1159,10 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
     const int64_t bytes = RingLayout::bytes(kHalves * 8, split.chunks_per_split);
     if (tuning.ring_kernel && tuning.grid_blocks == 0 && ring_kernel_enabled() &&
         whole_chunk_loads(in_features) && weights.ring_aligned() && bytes <= kRingMaxBytes) {
-      if (aligned_x) return launch_ring_kernel<Weights, kHalves, true>(args, weights, bytes, stream);
-      return launch_ring_kernel<Weights, kHalves, false>(args, weights, bytes, stream);
+      MmaArgs ring_args = args;
+      ring_args.items = (out_features + kRingGroupFeatures - 1) / kRingGroupFeatures * split.splits * passes;
+      if (aligned_x) return launch_ring_kernel<Weights, kHalves, true>(ring_args, weights, bytes, stream);
+      return launch_ring_kernel<Weights, kHalves, false>(ring_args, weights, bytes, stream);
     }
   }
   // Vector scales come with whole chunks only: their kernels without whole chunks are never built.
