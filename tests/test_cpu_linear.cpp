@@ -144,6 +144,13 @@ TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
   for (int64_t n = 0; n < 70; ++n) EXPECT_EQ(all.get(3, n), one.get(0, n));
 }
 
+// A fused op's output against its ops' one by one: the same values, bit for bit.
+void expect_bitwise_equal(const TestTensor& fused, const TestTensor& two_ops) {
+  for (int64_t t = 0; t < fused.rows(); ++t)
+    for (int64_t n = 0; n < fused.cols(); ++n)
+      EXPECT_EQ(fused.get(t, n), two_ops.get(t, n)) << t << ", " << n;
+}
+
 // The gated attention's output projection (Backend::sigmoid_gated_linear) is sigmoid_mul then linear: the
 // same values, bit for bit.
 TEST(CpuLinear, SigmoidGatedLinearIsSigmoidMulThenLinear) {
@@ -157,8 +164,7 @@ TEST(CpuLinear, SigmoidGatedLinearIsSigmoidMulThenLinear) {
   backend->sigmoid_mul(gated.view(), x.view(), gate.view());
   backend->linear(two_ops.view(), gated.view(), weight);
   backend->sigmoid_gated_linear(fused.view(), x.view(), gate.view(), weight);
-  for (int64_t t = 0; t < 3; ++t)
-    for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
+  expect_bitwise_equal(fused, two_ops);
 }
 
 // The gated MLP's down projection (Backend::silu_gated_linear) is silu_mul then linear: the same values, bit
@@ -174,8 +180,7 @@ TEST(CpuLinear, SiluGatedLinearIsSiluMulThenLinear) {
   backend->silu_mul(gated.view(), gate_up.view().cols_view(0, 96), gate_up.view().cols_view(96, 96));
   backend->linear(two_ops.view(), gated.view(), weight);
   backend->silu_gated_linear(fused.view(), gate_up.view(), act.view(), weight);
-  for (int64_t t = 0; t < 3; ++t)
-    for (int64_t n = 0; n < 40; ++n) EXPECT_EQ(fused.get(t, n), two_ops.get(t, n));
+  expect_bitwise_equal(fused, two_ops);
 }
 
 // A sublayer's norm and its projections (Backend::add_rmsnorm_linear) are add_rmsnorm (rmsnorm when there is
