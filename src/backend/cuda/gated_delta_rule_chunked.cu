@@ -332,48 +332,85 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   const int record = head * chunks + chunk;
 
   // 3. (k e^(G_last - G))^T to the workspace in fragment order, and T = (I + A)^-1 in blocks of 16 (L = I +
-  // A): the diagonal blocks T_ii = L_ii^-1 by substitution (row r of T_ii is e_r - sum_{p<r} A[r][p] T[p];
-  // column j belongs to the 4 lanes 4j..4j+3 of one warp, the p sum split four ways, so rows pass on with
-  // __syncwarp), then the blocks below by their distance d from the diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik
-  // T_kj. Blocks above the diagonal are never read.
+  // A): the diagonal blocks T_ii = L_ii^-1 by substitution (row r of T_ii is e_r - sum_{p<r} A[r][p] T[p]), a
+  // thread per column of T holding it in registers; then the blocks below by their distance d from the
+  // diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik T_kj, a thread per 4 columns of a row (a float4 of T per k, so
+  // one load of A or T serves 4 products). Every sum runs in the order of the scalar form this replaced (a
+  // thread per element; the substitution's p sum split over 4 lanes), so T is bit for bit the same. Blocks
+  // above the diagonal are never read.
   {
     store_split_fragments<D, kChunk, kParts>(
         reinterpret_cast<uint4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk),
         [&](int i, int t) { return key[t * ld + i] * key_decay[t]; }, tid, kPrepareThreads);
-    if (tid < 4 * kChunk) {  // whole warps
-      const int column = tid / 4, part = tid % 4, block_first = column / kBlock * kBlock;
-      if (part == 0)
-        for (int r = block_first; r <= column; ++r)
-          inverse[r * kSquareLd + column] = r == column ? 1.0f : 0.0f;
-      __syncwarp();
-      for (int i = block_first + 1; i < block_first + kBlock; ++i) {
-        float sum = 0.0f;
-        for (int p = column + part; p < i; p += 4)
-          sum += a[i * kSquareLd + p] * inverse[p * kSquareLd + column];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (part == 0 && column < i) inverse[i * kSquareLd + column] = -sum;
-        __syncwarp();
+    if (tid < kChunk) {  // whole warps
+      const int column = tid % kBlock, block_first = tid - column;
+      float t[kBlock];  // column `column` of the diagonal block: zeros above the 1
+#pragma unroll
+      for (int p = 0; p < kBlock; ++p) t[p] = p == column ? 1.0f : 0.0f;
+#pragma unroll
+      for (int i = 1; i < kBlock; ++i) {
+        const float* a_row = a + (block_first + i) * kSquareLd + block_first;
+        // The p sum in four parts by p mod 4, ascending (rows p < column add zeros, leaving a part +0).
+        float parts[4] = {};
+#pragma unroll
+        for (int p4 = 0; p4 < i; p4 += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(a_row + p4);
+          const float a_values[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+          for (int e = 0; e < 4 && p4 + e < i; ++e) parts[e] += a_values[e] * t[p4 + e];
+        }
+        // The parts added as the 4 lanes starting at p = column + lane did: (lanes 0 + 1) + (lanes 2 + 3).
+        const float sum = column % 2 == 0 ? (parts[0] + parts[1]) + (parts[2] + parts[3])
+                                          : (parts[1] + parts[2]) + (parts[3] + parts[0]);
+        if (column < i) t[i] = -sum;
       }
+#pragma unroll
+      for (int p = 0; p < kBlock; ++p) inverse[(block_first + p) * kSquareLd + tid] = t[p];
     }
     __syncthreads();
-    constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock;
+    constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock, kQuads = kBlock / 4;
     for (int d = 1; d < kBlocks; ++d) {
-      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kPrepareThreads) {
-        const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
-        float sum = 0.0f;
-        for (int q = kBlock * j; q < kBlock * i; ++q)
-          sum += a[(kBlock * i + r) * kSquareLd + q] * inverse[q * kSquareLd + kBlock * j + c];
-        block_sums[e] = sum;
+      // Item tid = (j, r, quad): row r of block (j + d, j), its columns 4 quad..4 quad + 3.
+      const bool has_item = tid < (kBlocks - d) * kBlock * kQuads;
+      const int j = tid / (kBlock * kQuads), r = tid / kQuads % kBlock, quad = tid % kQuads, i = j + d;
+      const int row = kBlock * i + r, column = kBlock * j + 4 * quad;
+      float4* block_sum = reinterpret_cast<float4*>(block_sums) + tid;  // [j][r][quad]
+      if (has_item) {
+        float4 sum = {};
+        for (int q = kBlock * j; q < kBlock * i; q += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(a + row * kSquareLd + q);
+          const float a_values[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float4 t4 = *reinterpret_cast<const float4*>(inverse + (q + e) * kSquareLd + column);
+            sum.x += a_values[e] * t4.x;
+            sum.y += a_values[e] * t4.y;
+            sum.z += a_values[e] * t4.z;
+            sum.w += a_values[e] * t4.w;
+          }
+        }
+        *block_sum = sum;
       }
       __syncthreads();
-      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kPrepareThreads) {
-        const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
-        float sum = 0.0f;
-        for (int m = 0; m <= r; ++m)
-          sum += inverse[(kBlock * i + r) * kSquareLd + kBlock * i + m] *
-                 block_sums[j * kBlockSize + m * kBlock + c];
-        inverse[(kBlock * i + r) * kSquareLd + kBlock * j + c] = -sum;
+      if (has_item) {
+        // All 16 m of T_ii's row: past m = r its zeros add nothing.
+        const float4* sums_of_block = reinterpret_cast<const float4*>(block_sums) + j * kBlockSize / 4 + quad;
+        float4 sum = {};
+#pragma unroll
+        for (int m4 = 0; m4 < kBlock; m4 += 4) {
+          const float4 t4 = *reinterpret_cast<const float4*>(inverse + row * kSquareLd + kBlock * i + m4);
+          const float t_values[4] = {t4.x, t4.y, t4.z, t4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float4 s4 = sums_of_block[(m4 + e) * kQuads];
+            sum.x += t_values[e] * s4.x;
+            sum.y += t_values[e] * s4.y;
+            sum.z += t_values[e] * s4.z;
+            sum.w += t_values[e] * s4.w;
+          }
+        }
+        *reinterpret_cast<float4*>(inverse + row * kSquareLd + column) =
+            make_float4(-sum.x, -sum.y, -sum.z, -sum.w);
       }
       __syncthreads();
     }
