@@ -144,6 +144,34 @@ __device__ inline void mma_split_bf16(float (&main)[4], float (&correction)[4], 
   mma_bf16(main, a_hi, b_hi0, b_hi1);
 }
 
+// The totals over the warp of N values per lane (N a power of two up to 32), bit for bit warp_sum's (the same
+// butterfly over lane offsets 16, 8, .., 1) with one shuffle per value left instead of one per value and
+// offset: at each offset the two lanes of a pair split the values left between them. Returns the total this
+// lane ends with: value k's in lanes k * 32 / N up to (k + 1) * 32 / N.
+template <int N, int kOffset = kWarpSize / 2>
+__device__ inline float split_warp_sums(const float (&values)[N], int lane) {
+  static_assert(N >= 1 && N <= 2 * kOffset && (N & (N - 1)) == 0);
+  if constexpr (N == 1) {
+    const float sum = values[0] + __shfl_xor_sync(0xffffffffu, values[0], kOffset);
+    if constexpr (kOffset == 1)
+      return sum;
+    else
+      return split_warp_sums<1, kOffset / 2>({sum}, lane);
+  } else {
+    const bool upper = (lane & kOffset) != 0;  // these lanes keep the upper half
+    float kept[N / 2];
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const float keep = upper ? values[k + N / 2] : values[k], send = upper ? values[k] : values[k + N / 2];
+      kept[k] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+    }
+    if constexpr (kOffset == 1)
+      return kept[0];
+    else
+      return split_warp_sums<N / 2, kOffset / 2>(kept, lane);
+  }
+}
+
 // Stores the [M, K] matrix element(m, k) as pre-split A fragments (layout above; one part: the hi registers
 // only, the lo slots left unwritten).
 template <int M, int K, int kParts, class Element>
@@ -251,30 +279,38 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp + kPrepareWarps * rr;
-      const float* row = qkv + (first + r) * qkv_stride;
+      // One 64-bit address per row and operand; the lane's elements at constant offsets from it.
+      const float* row = qkv + (first + r) * qkv_stride + lane;
+      const float *query_row = row + q_offset, *key_row = row + k_offset, *value_row = row + v_offset;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
         const int i = lane + kWarpSize * e;
-        qv[rr][e] = r < len && i < dk ? row[q_offset + i] : 0.0f;
-        kv[rr][e] = r < len && i < dk ? row[k_offset + i] : 0.0f;
-        vv[rr][e] = r < len && i < dv ? row[v_offset + i] : 0.0f;
+        qv[rr][e] = r < len && i < dk ? query_row[kWarpSize * e] : 0.0f;
+        kv[rr][e] = r < len && i < dk ? key_row[kWarpSize * e] : 0.0f;
+        vv[rr][e] = r < len && i < dv ? value_row[kWarpSize * e] : 0.0f;
       }
     }
     if (tid < kChunk) {
       row_beta[tid] = tid < len ? beta[(first + tid) * beta_stride + head] : 0.0f;
       cumulative_g[tid] = tid < len ? g[(first + tid) * g_stride + head] : 0.0f;
     }
+    // The sums of squares of q and k of each row (value 2 rr + 0, 1), all summed over the warp at once; each
+    // lane takes the norm of the total it holds and the rows' factors are read from the lanes holding them.
+    constexpr int kSums = 2 * kRowsPerWarp;
+    float squares[kSums] = {};
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr)
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        squares[2 * rr] += qv[rr][e] * qv[rr][e];
+        squares[2 * rr + 1] += kv[rr][e] * kv[rr][e];
+      }
+    const float factor = 1.0f / sqrtf(split_warp_sums(squares, lane) + kL2NormEps);
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp + kPrepareWarps * rr;
-      float query_squares = 0.0f, key_squares = 0.0f;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
-        query_squares += qv[rr][e] * qv[rr][e];
-        key_squares += kv[rr][e] * kv[rr][e];
-      }
-      const float query_factor = 1.0f / sqrtf(warp_sum(query_squares) + kL2NormEps);
-      const float key_factor = 1.0f / sqrtf(warp_sum(key_squares) + kL2NormEps);
+      const float query_factor = __shfl_sync(0xffffffffu, factor, 2 * rr * (kWarpSize / kSums));
+      const float key_factor = __shfl_sync(0xffffffffu, factor, (2 * rr + 1) * (kWarpSize / kSums));
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
         const int i = lane + kWarpSize * e;
