@@ -330,7 +330,8 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   }
   __syncthreads();
 
-  // 2. K K^T and Q K^T (64 x 64 x D), lower triangle only; A and Aqk with beta and the decay.
+  // 2. K K^T and Q K^T (64 x 64 x D), lower triangle only; A and Aqk with beta and the decay. Tiles above the
+  // diagonal 16 x 16 blocks are never read: neither computed nor stored (whole warps skip).
   {
     if (tid < kChunk) {
       growth[tid] = expf(cumulative_g[tid]);
@@ -338,30 +339,47 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     }
     constexpr int kTiles = kChunk / 8 / (kPrepareWarps / 4);  // n tiles per warp
     const int mt = warp % 4, n_base = (warp / 4) * kTiles * 8;
-    float kk[kTiles][4] = {}, qk[kTiles][4] = {};
+    const auto below_diagonal_block = [&](int n0) { return n0 <= 16 * mt + 15; };
+    if (below_diagonal_block(n_base)) {
+      float kk[kTiles][4] = {}, qk[kTiles][4] = {};
 #pragma unroll 2
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      const SplitA ak = load_split_a_permuted<kParts>(key, ld, 16 * mt, k0, gq, tq);
-      const SplitA aq = load_split_a_permuted<kParts>(query, ld, 16 * mt, k0, gq, tq);
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        const SplitA ak = load_split_a_permuted<kParts>(key, ld, 16 * mt, k0, gq, tq);
+        const SplitA aq = load_split_a_permuted<kParts>(query, ld, 16 * mt, k0, gq, tq);
+#pragma unroll
+        for (int nt = 0; nt < kTiles; ++nt) {
+          const int n0 = n_base + 8 * nt;
+          if (!below_diagonal_block(n0)) continue;
+          const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k], permuted k order
+          const SplitB b = split_b<kParts>(p[0], p[8], p[4], p[12]);
+          mma_split_bf16<kParts>(kk[nt], ak, b);
+          mma_split_bf16<kParts>(qk[nt], aq, b);
+        }
+      }
+      // Rows i = 16 mt + gq + 8 h, columns j = n0 + 2 tq + c. The decay is taken for every pair, without a
+      // branch: where j > i (e^(G_i - G_j) >= 1, perhaps infinite) it is not used.
+      const int i0 = 16 * mt + gq;
+      const float row_g[2] = {cumulative_g[i0], cumulative_g[i0 + 8]};
+      const float beta_i[2] = {row_beta[i0], row_beta[i0 + 8]};
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
-        const int n0 = n_base + 8 * nt;
-        if (n0 > 16 * mt + 15) continue;
-        const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k], permuted k order
-        const SplitB b = split_b<kParts>(p[0], p[8], p[4], p[12]);
-        mma_split_bf16<kParts>(kk[nt], ak, b);
-        mma_split_bf16<kParts>(qk[nt], aq, b);
+        const int n0 = n_base + 8 * nt, j0 = n0 + 2 * tq;
+        if (!below_diagonal_block(n0)) continue;
+        const float2 column_g = *reinterpret_cast<const float2*>(cumulative_g + j0);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = i0 + 8 * h;
+          const float decay0 = expf(row_g[h] - column_g.x), decay1 = expf(row_g[h] - column_g.y);
+          const float* kk_pair = kk[nt] + 2 * h;
+          const float* qk_pair = qk[nt] + 2 * h;
+          *reinterpret_cast<float2*>(a + i * kSquareLd + j0) =
+              make_float2(j0 < i ? kk_pair[0] * beta_i[h] * decay0 : 0.0f,
+                          j0 + 1 < i ? kk_pair[1] * beta_i[h] * decay1 : 0.0f);
+          *reinterpret_cast<float2*>(aqk + i * kSquareLd + j0) =
+              make_float2(j0 <= i ? qk_pair[0] * decay0 : 0.0f, j0 + 1 <= i ? qk_pair[1] * decay1 : 0.0f);
+        }
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * mt + gq + 8 * (e / 2), j = n_base + 8 * nt + 2 * tq + e % 2;
-        const float decay = j <= i ? expf(cumulative_g[i] - cumulative_g[j]) : 0.0f;
-        a[i * kSquareLd + j] = j < i ? kk[nt][e] * row_beta[i] * decay : 0.0f;
-        aqk[i * kSquareLd + j] = j <= i ? qk[nt][e] * decay : 0.0f;
-      }
   }
   __syncthreads();
 
