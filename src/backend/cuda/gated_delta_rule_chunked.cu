@@ -172,6 +172,30 @@ __device__ inline float split_warp_sums(const float (&values)[N], int lane) {
   }
 }
 
+// The lower block triangle of a [C, C] matrix (T, Aqk) as A fragments (standard k order) in shared memory,
+// made once rather than by every warp that reads it: tile (mt, kt <= mt) is number mt (mt + 1) / 2 + kt, its
+// kParts register sets of 32 lanes (hi, then lo) one after the other.
+constexpr int kTriangleTiles = kChunk / 16 * (kChunk / 16 + 1) / 2;
+
+__device__ inline int triangle_tile(int mt, int kt) {
+  return mt * (mt + 1) / 2 + kt;
+}
+
+template <int kParts>
+__device__ inline void store_triangle_fragment(uint4* fragments, int tile, int lane, const SplitA& a) {
+  fragments[tile * kParts * kWarpSize + lane] = a.hi;
+  if constexpr (kParts == 2) fragments[(tile * kParts + 1) * kWarpSize + lane] = a.lo;
+}
+
+template <int kParts>
+__device__ inline SplitA load_triangle_fragment(const uint4* fragments, int mt, int kt, int lane) {
+  const uint4* tile = fragments + triangle_tile(mt, kt) * kParts * kWarpSize + lane;
+  SplitA a;
+  a.hi = tile[0];
+  if constexpr (kParts == 2) a.lo = tile[kWarpSize];
+  return a;
+}
+
 // Stores the [M, K] matrix element(m, k) as pre-split A fragments (layout above; one part: the hi registers
 // only, the lo slots left unwritten).
 template <int M, int K, int kParts, class Element>
@@ -219,9 +243,9 @@ struct PrepareLayout {
   static constexpr int kQuery = 0;
   static constexpr int kKey = kQuery + kChunk * kRowLd;
   static constexpr int kValue = kKey + kChunk * kRowLd;
-  static constexpr int kA = kValue + kChunk * kRowLd;
-  static constexpr int kAqk = kA + kChunk * kSquareLd;
-  static constexpr int kInverse = kAqk + kChunk * kSquareLd;
+  static constexpr int kA = kValue + kChunk * kRowLd;   // then T's A fragments (store_triangle_fragment)
+  static constexpr int kAqk = kA + kChunk * kSquareLd;  // A fragments (store_triangle_fragment), 2 parts
+  static constexpr int kInverse = kAqk + kTriangleTiles * 2 * kWarpSize * 4;
   static constexpr int kCumulativeG = kInverse + kChunk * kSquareLd;
   static constexpr int kBeta = kCumulativeG + kChunk;
   static constexpr int kGrowth = kBeta + kChunk;         // e^G
@@ -252,7 +276,8 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   float* key = shared + L::kKey;
   float* value = shared + L::kValue;
   float* a = shared + L::kA;
-  float* aqk = shared + L::kAqk;
+  auto* aqk_fragments = reinterpret_cast<uint4*>(shared + L::kAqk);
+  auto* inverse_fragments = reinterpret_cast<uint4*>(a);  // T's, over A once T is complete
   float* inverse = shared + L::kInverse;
   float* cumulative_g = shared + L::kCumulativeG;
   float* row_beta = shared + L::kBeta;
@@ -357,10 +382,12 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
         }
       }
       // Rows i = 16 mt + gq + 8 h, columns j = n0 + 2 tq + c. The decay is taken for every pair, without a
-      // branch: where j > i (e^(G_i - G_j) >= 1, perhaps infinite) it is not used.
+      // branch: where j > i (e^(G_i - G_j) >= 1, perhaps infinite) it is not used. Aqk goes straight to its A
+      // fragments: the accumulators of n tiles 2b and 2b + 1 are the fragment of 16-column block b.
       const int i0 = 16 * mt + gq;
       const float row_g[2] = {cumulative_g[i0], cumulative_g[i0 + 8]};
       const float beta_i[2] = {row_beta[i0], row_beta[i0 + 8]};
+      float aqk_values[kTiles][4];
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
         const int n0 = n_base + 8 * nt, j0 = n0 + 2 * tq;
@@ -375,9 +402,22 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
           *reinterpret_cast<float2*>(a + i * kSquareLd + j0) =
               make_float2(j0 < i ? kk_pair[0] * beta_i[h] * decay0 : 0.0f,
                           j0 + 1 < i ? kk_pair[1] * beta_i[h] * decay1 : 0.0f);
-          *reinterpret_cast<float2*>(aqk + i * kSquareLd + j0) =
-              make_float2(j0 <= i ? qk_pair[0] * decay0 : 0.0f, j0 + 1 <= i ? qk_pair[1] * decay1 : 0.0f);
+          aqk_values[nt][2 * h] = j0 <= i ? qk_pair[0] * decay0 : 0.0f;
+          aqk_values[nt][2 * h + 1] = j0 + 1 <= i ? qk_pair[1] * decay1 : 0.0f;
         }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kTiles; nt += 2) {
+        const int n0 = n_base + 8 * nt;
+        if (!below_diagonal_block(n0)) continue;
+        const float(&left)[4] = aqk_values[nt];
+        const float(&right)[4] = aqk_values[nt + 1];
+        SplitA fragment;
+        split_bf16_pair<kParts>(left[0], left[1], fragment.hi.x, fragment.lo.x);
+        split_bf16_pair<kParts>(left[2], left[3], fragment.hi.y, fragment.lo.y);
+        split_bf16_pair<kParts>(right[0], right[1], fragment.hi.z, fragment.lo.z);
+        split_bf16_pair<kParts>(right[2], right[3], fragment.hi.w, fragment.lo.w);
+        store_triangle_fragment<kParts>(aqk_fragments, triangle_tile(mt, n0 / 16), lane, fragment);
       }
     }
   }
@@ -468,6 +508,17 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       }
       __syncthreads();
     }
+    // T's lower block triangle as the A fragments of stage 4, over A (read no more).
+    for (int index = tid; index < kTriangleTiles * kWarpSize; index += kPrepareThreads) {
+      const int tile = index / kWarpSize, l = index % kWarpSize;
+      int mt = 0;
+      while (triangle_tile(mt + 1, 0) <= tile) ++mt;
+      const int kt = tile - triangle_tile(mt, 0);
+      store_triangle_fragment<kParts>(
+          inverse_fragments, tile, l,
+          load_split_a<kParts>(inverse, kSquareLd, 16 * mt, 16 * kt, l / 4, l % 4));
+    }
+    __syncthreads();
   }
 
   // Stages 4 and 5: C = L [X | Y] (64 x 2D x 64, L lower triangular: a k step of 8 meets m tile mt only when
@@ -499,7 +550,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const SplitA at = load_split_a<kParts>(inverse, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA at = load_triangle_fragment<kParts>(inverse_fragments, mt, k0 / 16, lane);
 #pragma unroll
         for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16<kParts>(acc[mt][nt], at, b[nt]);
       }
@@ -538,7 +589,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const SplitA aa = load_split_a<kParts>(aqk, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA aa = load_triangle_fragment<kParts>(aqk_fragments, mt, k0 / 16, lane);
 #pragma unroll
         for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16<kParts>(acc[mt][nt], aa, b[nt]);
       }
