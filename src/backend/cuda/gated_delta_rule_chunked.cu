@@ -172,6 +172,12 @@ __device__ inline float split_warp_sums(const float (&values)[N], int lane) {
   }
 }
 
+// One 8-byte store to global memory (a float2 assignment of two accumulator elements compiled to two stores).
+// Nothing in the kernel reads what it writes: no memory clobber.
+__device__ inline void store_global_pair(float* address, float x, float y) {
+  asm("st.global.v2.f32 [%0], {%1, %2};" ::"l"(address), "f"(x), "f"(y));
+}
+
 // The lower block triangle of a [C, C] matrix (T, Aqk) as A fragments (standard k order) in shared memory,
 // made once rather than by every warp that reads it: tile (mt, kt <= mt) is number mt (mt + 1) / 2 + kt, its
 // kParts register sets of 32 lanes (hi, then lo) one after the other.
@@ -526,7 +532,19 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   // warp does the same work; acc[mt][nt] is its tile (mt, warp * kTilesPerWarp + nt).
   constexpr int kTilesPerWarp = 2 * D / 8 / kPrepareWarps;
   const int half = warp / (kPrepareWarps / 2), n_first = (warp % (kPrepareWarps / 2)) * kTilesPerWarp * 8;
-  float* uu = ws.uu + static_cast<size_t>(record) * 2 * kChunk * D;
+  // This lane's first element of U (row gq, columns n_first + 2 tq, +1): its tiles at constant offsets.
+  float* uu_lane = ws.uu + static_cast<size_t>(record) * 2 * kChunk * D + gq * D + n_first + 2 * tq;
+  // Accumulator tiles (4 m tiles, kTilesPerWarp n tiles) to rows of U or U' (D floats apart), a pair a store.
+  const auto store_tile_pairs = [](float* lane_first, const float(&tiles)[4][kTilesPerWarp][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kTilesPerWarp; ++nt) {
+        float* pair = lane_first + 16 * mt * D + 8 * nt;
+        store_global_pair(pair, tiles[mt][nt][0], tiles[mt][nt][1]);
+        store_global_pair(pair + 8 * D, tiles[mt][nt][2], tiles[mt][nt][3]);
+      }
+  };
 
   // 4. [W | U] = T [k beta e^G | v beta].
   {
@@ -563,15 +581,10 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       for (int nt = 0; nt < kTilesPerWarp; ++nt) {
         const int i = 16 * mt + gq, j = n_first + 8 * nt + 2 * tq;
         const float* c = acc[mt][nt];
-        target[i * ld + j] = c[0];
-        target[i * ld + j + 1] = c[1];
-        target[(i + 8) * ld + j] = c[2];
-        target[(i + 8) * ld + j + 1] = c[3];
-        if (half == 1) {
-          *reinterpret_cast<float2*>(uu + i * D + j) = make_float2(c[0], c[1]);
-          *reinterpret_cast<float2*>(uu + (i + 8) * D + j) = make_float2(c[2], c[3]);
-        }
+        *reinterpret_cast<float2*>(target + i * ld + j) = make_float2(c[0], c[1]);
+        *reinterpret_cast<float2*>(target + (i + 8) * ld + j) = make_float2(c[2], c[3]);
       }
+    if (half == 1) store_tile_pairs(uu_lane, acc);
   }
   __syncthreads();
 
@@ -605,11 +618,9 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
           query[i * ld + j + 1] = query[i * ld + j + 1] * growth[i] - c[1];
           query[(i + 8) * ld + j] = query[(i + 8) * ld + j] * growth[i + 8] - c[2];
           query[(i + 8) * ld + j + 1] = query[(i + 8) * ld + j + 1] * growth[i + 8] - c[3];
-        } else {
-          *reinterpret_cast<float2*>(uu + (kChunk + i) * D + j) = make_float2(c[0], c[1]);
-          *reinterpret_cast<float2*>(uu + (kChunk + i + 8) * D + j) = make_float2(c[2], c[3]);
         }
       }
+    if (half == 1) store_tile_pairs(uu_lane + kChunk * D, acc);
   }
   __syncthreads();
 
