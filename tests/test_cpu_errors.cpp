@@ -297,6 +297,31 @@ TEST_F(CpuErrors, GdnMixer) {
       {"gdn_mixer", "conv_out overlaps the input qkvz"});
 }
 
+// The GDN mixer with its output projection: the mixer's checks (its out: gated), the projection's as linear
+// checks them (its x: gated), and no projection output over one of the mixer's tensors.
+TEST_F(CpuErrors, GdnMixerLinear) {
+  const GdnShape shape{2, 4, 8, 4};  // C = 48, z 16
+  TestTensor qkvz = f32(3, 64), x = f32(3, 16), gated = f32(3, 16), conv_out = f32(3, 48), beta = f32(3, 4),
+             g = f32(3, 4), core = f32(3, 16), conv_state = f32(48, 3), state = f32(32, 4), out = f32(3, 8);
+  TestTensor conv_weight(DType::BF16, 48, 4), w_b(DType::BF16, 4, 16), a_log = f32(1, 4), norm = f32(1, 4);
+  TestTensor w_out(DType::BF16, 8, 16);
+  const LinearWeight gate{4, 16, w_b.view(), {}, {}, 0}, out_proj{8, 16, w_out.view(), {}, {}, 0};
+  const GdnMixerWeights weights{conv_weight.view(), gate, gate, a_log.view(), a_log.view(), norm.view()};
+  auto call = [&](const Tensor& projection_out, const Tensor& gated_rows) {
+    backend->gdn_mixer_linear({projection_out, out_proj}, gated_rows, conv_out.view(), beta.view(), g.view(),
+                              core.view(), qkvz.view(), x.view(), conv_state.view(), state.view(), weights,
+                              shape, 1e-6f, true);
+  };
+  expect_error([&] { call(out.view(), core.view()); }, {"gdn_mixer", "out and core overlap"});
+  expect_error([&] { call(f32(3, 9).view(), gated.view()); }, {"linear", "out", "[3, 9]", "[3, 8]"});
+  expect_error([&] { call(x.view().cols_view(0, 8), gated.view()); },
+               {"gdn_mixer_linear", "projection.out overlaps x"});
+  expect_error([&] { call(gated.view().cols_view(8, 8), gated.view()); },
+               {"gdn_mixer_linear", "projection.out overlaps gated"});
+  expect_error([&] { call(Tensor::make(DType::F32, 3, 8, state.view().data), gated.view()); },
+               {"gdn_mixer_linear", "projection.out overlaps recurrent_state"});
+}
+
 TEST_F(CpuErrors, MemoryAndUpload) {
   auto buffer = backend->alloc(DType::F32, 2, 3);
   TestTensor strided(DType::F32, 2, 3, 4), other(DType::BF16, 2, 3);

@@ -219,5 +219,62 @@ TEST(CpuLinear, AddRmsnormLinearIsTheNormThenTheLinears) {
   }
 }
 
+// A GDN layer's mixer and its output projection (Backend::gdn_mixer_linear) are gdn_mixer into gated then
+// linear: the same values, bit for bit, every output of the mixer and both states too.
+TEST(CpuLinear, GdnMixerLinearIsTheMixerThenTheLinear) {
+  std::mt19937 rng(7);
+  auto backend = make_cpu_backend();
+  const GdnShape shape{2, 4, 8, 4};  // conv channels 2 * 2 * 8 + 4 * 4 = 48, z 16
+  constexpr int64_t kTokens = 5, kHidden = 24, kChannels = 48, kValues = 16;
+  const TestTensor qkvz = cpu_test::random_tensor(rng, DType::F32, kTokens, kChannels + kValues),
+                   x = cpu_test::random_tensor(rng, DType::F32, kTokens, kHidden);
+  const TestTensor conv_weight = cpu_test::random_tensor(rng, DType::BF16, kChannels, 4, -0.5, 0.5),
+                   w_b = cpu_test::random_tensor(rng, DType::BF16, 4, kHidden, -0.3, 0.3),
+                   w_a = cpu_test::random_tensor(rng, DType::BF16, 4, kHidden, -0.3, 0.3),
+                   a_log = cpu_test::random_tensor(rng, DType::F32, 1, 4, -3, 1),
+                   dt_bias = cpu_test::random_tensor(rng, DType::BF16, 1, 4, -1, 1),
+                   norm = cpu_test::random_tensor(rng, DType::BF16, 1, 4, 0.5, 1.5),
+                   w_out = cpu_test::random_tensor(rng, DType::BF16, kHidden, kValues);
+  const GdnMixerWeights weights{conv_weight.view(),
+                                {4, kHidden, w_b.view(), {}, {}, 0},
+                                {4, kHidden, w_a.view(), {}, {}, 0},
+                                a_log.view(),
+                                dt_bias.view(),
+                                norm.view()};
+  const LinearWeight out_proj{kHidden, kValues, w_out.view(), {}, {}, 0};
+  // One call's outputs and states (the states start alike).
+  struct Run {
+    TestTensor out{DType::F32, kTokens, kHidden}, gated{DType::F32, kTokens, kValues},
+        conv_out{DType::F32, kTokens, kChannels}, beta{DType::F32, kTokens, 4}, g{DType::F32, kTokens, 4},
+        core{DType::F32, kTokens, kValues}, conv_state{DType::F32, kChannels, 3}, state{DType::F32, 32, 4};
+  };
+  Run fused, ops;
+  const TestTensor conv_state = cpu_test::random_tensor(rng, DType::F32, kChannels, 3),
+                   state = cpu_test::random_tensor(rng, DType::F32, 32, 4, -0.5, 0.5);
+  for (Run* run : {&fused, &ops}) {
+    backend->copy(run->conv_state.view(), conv_state.view());
+    backend->copy(run->state.view(), state.view());
+  }
+  backend->gdn_mixer_linear({fused.out.view(), out_proj}, fused.gated.view(), fused.conv_out.view(),
+                            fused.beta.view(), fused.g.view(), fused.core.view(), qkvz.view(), x.view(),
+                            fused.conv_state.view(), fused.state.view(), weights, shape, 1e-6f, true);
+  backend->gdn_mixer(ops.gated.view(), ops.conv_out.view(), ops.beta.view(), ops.g.view(), ops.core.view(),
+                     qkvz.view(), x.view(), ops.conv_state.view(), ops.state.view(), weights, shape, 1e-6f,
+                     true);
+  backend->linear(ops.out.view(), ops.gated.view(), out_proj);
+  auto expect_equal = [](const TestTensor& got, const TestTensor& want, const char* what) {
+    for (int64_t t = 0; t < want.rows(); ++t)
+      for (int64_t n = 0; n < want.cols(); ++n) ASSERT_EQ(got.get(t, n), want.get(t, n)) << what;
+  };
+  expect_equal(fused.out, ops.out, "out");
+  expect_equal(fused.gated, ops.gated, "gated");
+  expect_equal(fused.conv_out, ops.conv_out, "conv_out");
+  expect_equal(fused.beta, ops.beta, "beta");
+  expect_equal(fused.g, ops.g, "g");
+  expect_equal(fused.core, ops.core, "core");
+  expect_equal(fused.conv_state, ops.conv_state, "conv state");
+  expect_equal(fused.state, ops.state, "recurrent state");
+}
+
 }  // namespace
 }  // namespace qspec

@@ -371,6 +371,28 @@ void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tenso
   }
 }
 
+void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tensor& gated,
+                                 const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                                 const Tensor& core, const Tensor& qkvz, const Tensor& x,
+                                 const Tensor& conv_state, const Tensor& recurrent_state,
+                                 const GdnMixerWeights& w, const GdnShape& shape) {
+  check_gdn_mixer_args(gated, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
+  check_linear_args(projection.out, gated, projection.w);
+  const std::pair<std::string_view, const Tensor*> mixer_tensors[] = {
+      {"gated", &gated},
+      {"conv_out", &conv_out},
+      {"beta", &beta},
+      {"g", &g},
+      {"core", &core},
+      {"qkvz", &qkvz},
+      {"x", &x},
+      {"conv_state", &conv_state},
+      {"recurrent_state", &recurrent_state},
+  };
+  for (const auto& [name, tensor] : mixer_tensors)
+    if (projection.out.overlaps(*tensor)) fail("gdn_mixer_linear: projection.out overlaps {}", name);
+}
+
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape) {
   constexpr std::string_view op = "gdn_commit";
   check_gdn_shape(shape);

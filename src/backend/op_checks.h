@@ -89,6 +89,13 @@ void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Ten
 void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                           const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                           const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape);
+// gdn_mixer_linear: the mixer's arguments as gdn_mixer checks them (its out: gated), the projection as linear
+// checks it (its x: gated), and projection.out overlapping none of the mixer's tensors.
+void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tensor& gated,
+                                 const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                                 const Tensor& core, const Tensor& qkvz, const Tensor& x,
+                                 const Tensor& conv_state, const Tensor& recurrent_state,
+                                 const GdnMixerWeights& w, const GdnShape& shape);
 // gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T.
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape);
 // argmax: logits F32 [rows, V] with 1 <= V <= INT32_MAX (ids are I32), out_ids I32 [rows, 1].

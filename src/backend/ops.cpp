@@ -39,11 +39,31 @@ void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor&
                         const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
                         float eps, bool update_state) {
   check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
+  gdn_mixer_to_core(conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update_state);
   const int64_t channels = conv_out.cols;
-  conv1d_silu(conv_out, qkvz.cols_view(0, channels), conv_state, w.conv_weight, update_state);
+  gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
+}
+
+void Backend::gdn_mixer_to_core(const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                                const Tensor& core, const Tensor& qkvz, const Tensor& x,
+                                const Tensor& conv_state, const Tensor& recurrent_state,
+                                const GdnMixerWeights& w, const GdnShape& shape, bool update_state) {
+  conv1d_silu(conv_out, qkvz.cols_view(0, conv_out.cols), conv_state, w.conv_weight, update_state);
   gdn_gates_linear(beta, g, x, w.w_b, w.w_a, w.a_log, w.dt_bias);
   gated_delta_rule(core, conv_out, beta, g, recurrent_state, shape, update_state);
-  gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
+}
+
+void Backend::gdn_mixer_linear(const LinearProjection& projection, const Tensor& gated,
+                               const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                               const Tensor& core, const Tensor& qkvz, const Tensor& x,
+                               const Tensor& conv_state, const Tensor& recurrent_state,
+                               const GdnMixerWeights& w, const GdnShape& shape, float eps,
+                               bool update_state) {
+  check_gdn_mixer_linear_args(projection, gated, conv_out, beta, g, core, qkvz, x, conv_state,
+                              recurrent_state, w, shape);
+  gdn_mixer(gated, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, eps,
+            update_state);
+  linear(projection.out, gated, projection.w);
 }
 
 void Backend::add_rmsnorm_linear(std::span<const LinearProjection> projections, const Tensor& normed,

@@ -69,7 +69,7 @@ struct AttentionPrologueShape {
   bool unit_offset;  // the norms' weights as 1 + w
 };
 
-// One of the linears that read the same rows (add_rmsnorm_linear): out = rows W^T.
+// One of the linears that read the same rows (add_rmsnorm_linear, gdn_mixer_linear): out = rows W^T.
 struct LinearProjection {
   Tensor out;
   LinearWeight w;
@@ -215,12 +215,30 @@ class Backend {
                          const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
                          float eps, bool update_state);
+  // A GDN layer's mixer and its output projection, in one op so that a backend may hand the mixer's rows to
+  // the projection in its own format (CUDA's prefill writes them in BF16 for cuBLAS): gdn_mixer into gated,
+  // then projection.out = gated W^T as linear makes it. gated [T, nv dv] is the op's scratch; the other
+  // tensors are gdn_mixer's, none of which projection.out may overlap.
+  virtual void gdn_mixer_linear(const LinearProjection& projection, const Tensor& gated,
+                                const Tensor& conv_out, const Tensor& beta, const Tensor& g,
+                                const Tensor& core, const Tensor& qkvz, const Tensor& x,
+                                const Tensor& conv_state, const Tensor& recurrent_state,
+                                const GdnMixerWeights& w, const GdnShape& shape, float eps,
+                                bool update_state);
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;
   // out_ids[r] = the index of row r's largest logit: logits F32 [rows, V] (V >= 1), out_ids I32 [rows, 1].
   // The lowest index on ties; the first NaN when the row holds one (backend/argmax.h, as torch.argmax).
   virtual void argmax(const Tensor& out_ids, const Tensor& logits) = 0;
+
+ protected:
+  // gdn_mixer's ops before its gated norm (conv1d_silu, gdn_gates_linear, gated_delta_rule into core), for
+  // the mixers that end with a norm of their own; the caller has checked the arguments.
+  void gdn_mixer_to_core(const Tensor& conv_out, const Tensor& beta, const Tensor& g, const Tensor& core,
+                         const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
+                         const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
+                         bool update_state);
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

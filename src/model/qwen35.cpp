@@ -245,12 +245,11 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
   // The mixer reads the normed rows too (its gate projections).
   norm_linear(in, layer.input_norm, qkvz, layer.in_proj_qkvz, NormedRows::Kept);
-  backend_.gdn_mixer(
-      gated, conv, beta, g, core, qkvz, in.normed, state.conv_state->tensor(),
+  backend_.gdn_mixer_linear(
+      {out, layer.out_proj}, gated, conv, beta, g, core, qkvz, in.normed, state.conv_state->tensor(),
       state.recurrent_state->tensor(),
       {layer.conv_weight, layer.in_proj_b, layer.in_proj_a, layer.a_log, layer.dt_bias, layer.gdn_norm},
       gdn_shape(c), c.rms_norm_eps, advance);
-  backend_.linear(out, gated, layer.out_proj);
 }
 
 void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state,

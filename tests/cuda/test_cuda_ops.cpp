@@ -1803,6 +1803,67 @@ TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
   }
 }
 
+// A GDN layer's mixer and its output projection (Backend::gdn_mixer_linear): above kLinearMmaMaxRows rows the
+// CUDA gated norm writes the rows in BF16 straight into cuBLAS's operand (no F32 rows), which must give the
+// separate ops on the GPU bit for bit (gdn_mixer, then linear, whose pass rounds the rows the same way): the
+// projection, the mixer's other outputs and both states. Against the CPU: the projection to the linear's
+// tolerance of the CPU's linear of the GPU's gated rows (the mixer's own error is measured by
+// CudaOps.GdnMixer and its ops' tests), the conv outputs and state as CudaOps.GdnMixer holds them. The 4B's
+// layer (nk 16, nv 32, dk = dv = 128, hidden 2560) with its W4A16 g32 out_proj at 33 rows (the recurrence)
+// and 100 (the chunked kernels), small BF16 and W4A16 projections at 2051 (chunked with BF16 operands), 16
+// rows (the fused mixer, then the tensor-core linear) and 20 (the mixer's ops, then the tensor-core linear).
+TEST(CudaOps, GdnMixerLinear) {
+  std::mt19937 rng(67);
+  auto& b = backends();
+  const GdnShape shape{16, 32, 128, 128};
+  constexpr int64_t kHidden = 2560;
+  struct Case {
+    int64_t tokens, out_features;
+    int group;  // 0: BF16 weights
+  };
+  const Case cases[] = {{33, 2560, 32},  {100, 2560, 32}, {2051, 96, 0},
+                        {2051, 256, 32}, {16, 2560, 32},  {20, 256, 32}};
+  for (const Case& c : cases) {
+    const MixerCase in(rng, shape, kHidden, c.tokens);
+    std::vector<WeightPair> keep;
+    LinearWeight cpu_w, gpu_w;
+    std::tie(cpu_w, gpu_w) = random_mlp_weight(rng, c.out_features, in.z_cols(), c.group, DType::BF16, keep);
+    const std::string label =
+        fmt::format("{} -> out_proj [{}, {}] g{}", in.label(), c.out_features, in.z_cols(), c.group);
+    const MixerOutputs o(in), ops(in);  // their out: the gated rows
+    TensorPair out = b.poisoned(c.tokens, c.out_features), out_ops = b.poisoned(c.tokens, c.out_features);
+    TensorPair conv_state = in.fresh_conv_state(), state = in.fresh_state();
+    TensorPair conv_state_ops = in.fresh_conv_state(), state_ops = in.fresh_state();
+    on_both([&](const Side& s) {
+      s.backend.gdn_mixer_linear({s(out), s.gpu ? gpu_w : cpu_w}, s(o.out), s(o.conv_out), s(o.beta), s(o.g),
+                                 s(o.core), s(in.qkvz), s(in.x), s(conv_state), s(state), in.weights(s.gpu),
+                                 shape, 1e-6f, true);
+    });
+    Backend& gpu = b.gpu();
+    gpu.gdn_mixer(ops.out.gpu(), ops.conv_out.gpu(), ops.beta.gpu(), ops.g.gpu(), ops.core.gpu(),
+                  in.qkvz.gpu(), in.x.gpu(), conv_state_ops.gpu(), state_ops.gpu(), in.weights(true), shape,
+                  1e-6f, true);
+    gpu.linear(out_ops.gpu(), ops.out.gpu(), gpu_w);
+    auto expect_same = [&](std::string_view name, const TensorPair& fused, const TensorPair& separate) {
+      expect_close("gdn_mixer_linear", fmt::format("{} {} vs the separate ops", label, name),
+                   b.read_gpu(fused.gpu()), b.read_gpu(separate.gpu()), kExact);
+    };
+    expect_same("out", out, out_ops);
+    expect_same("conv_out", o.conv_out, ops.conv_out);
+    expect_same("beta", o.beta, ops.beta);
+    expect_same("g", o.g, ops.g);
+    expect_same("conv state", conv_state, conv_state_ops);
+    expect_same("recurrent state", state, state_ops);
+    const TensorPair gated = b.activation(c.tokens, in.z_cols(), b.read_gpu(ops.out.gpu()));
+    TensorPair reference = b.poisoned(c.tokens, c.out_features);
+    b.cpu().linear(reference.cpu(), gated.cpu(), cpu_w);
+    expect_close("gdn_mixer_linear", label + " out vs the CPU's linear of the gated rows",
+                 b.read_gpu(out.gpu()), b.read_cpu(reference.cpu()), linear_tolerance(gated.gpu(), gpu_w));
+    compare("gdn_mixer_linear", label + " conv_out", o.conv_out, kElementwiseTolerance);
+    compare("gdn_mixer_linear", label + " conv state", conv_state, kExact);
+  }
+}
+
 // argmax: ids are exact. Rows of the head's width (248,320: 31 slices of the CUDA kernel), one less, odd
 // widths and a strided view whose padding would win if read; every fourth row from row 1 has its maximum tied
 // in two slices, from row 2 two NaNs, from row 3 only -inf. The ids start poisoned at -1.

@@ -429,6 +429,33 @@ class CudaBackend final : public Backend {
         "gdn_mixer");
   }
 
+  // Prefill: the mixer's ops up to core, then its gated norm writes the rows in BF16 straight into cuBLAS's
+  // operand and not in F32 (only the projection reads them), so the projection skips linear's pass that
+  // rounds them: the same values, the F32 rows neither written nor read back.
+  void gdn_mixer_linear(const LinearProjection& projection, const Tensor& gated, const Tensor& conv_out,
+                        const Tensor& beta, const Tensor& g, const Tensor& core, const Tensor& qkvz,
+                        const Tensor& x, const Tensor& conv_state, const Tensor& recurrent_state,
+                        const GdnMixerWeights& w, const GdnShape& shape, float eps,
+                        bool update_state) override {
+    if (!gemm_takes(gated, projection.w)) {
+      // the fused mixer kernel or the mixer's ops, then linear; checks the arguments itself
+      Backend::gdn_mixer_linear(projection, gated, conv_out, beta, g, core, qkvz, x, conv_state,
+                                recurrent_state, w, shape, eps, update_state);
+      return;
+    }
+    check_gdn_mixer_linear_args(projection, gated, conv_out, beta, g, core, qkvz, x, conv_state,
+                                recurrent_state, w, shape);
+    require_rows_limit("gdn_mixer_linear", gated.rows);
+    gdn_mixer_to_core(conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update_state);
+    // After the gates' projections, whose BF16 copy of x may have grown (moved) the operand's scratch.
+    GemmLinear& gemm = gemm_linear();
+    void* operand = gemm.operand(gated.rows, gated.cols, stream());
+    const Tensor z = qkvz.cols_view(conv_out.cols, qkvz.cols - conv_out.cols);
+    check_cuda(launch_gated_rmsnorm_to_bf16(operand, core, w.norm_weight, z, eps, stream()),
+               "gdn_mixer_linear (gated norm)");
+    gemm.multiply(projection.out, operand, projection.w, stream());
+  }
+
   void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) override {
     check_gdn_commit_args(layers, shape);
     for (size_t i = 0; i < layers.size(); ++i)

@@ -144,6 +144,64 @@ __device__ inline void mma_split_bf16(float (&main)[4], float (&correction)[4], 
   mma_bf16(main, a_hi, b_hi0, b_hi1);
 }
 
+// The totals over the warp of N values per lane (N a power of two up to 32), bit for bit warp_sum's (the same
+// butterfly over lane offsets 16, 8, .., 1) with one shuffle per value left instead of one per value and
+// offset: at each offset the two lanes of a pair split the values left between them. Returns the total this
+// lane ends with: value k's in lanes k * 32 / N up to (k + 1) * 32 / N.
+template <int N, int kOffset = kWarpSize / 2>
+__device__ inline float split_warp_sums(const float (&values)[N], int lane) {
+  static_assert(N >= 1 && N <= 2 * kOffset && (N & (N - 1)) == 0);
+  if constexpr (N == 1) {
+    const float sum = values[0] + __shfl_xor_sync(0xffffffffu, values[0], kOffset);
+    if constexpr (kOffset == 1)
+      return sum;
+    else
+      return split_warp_sums<1, kOffset / 2>({sum}, lane);
+  } else {
+    const bool upper = (lane & kOffset) != 0;  // these lanes keep the upper half
+    float kept[N / 2];
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const float keep = upper ? values[k + N / 2] : values[k], send = upper ? values[k] : values[k + N / 2];
+      kept[k] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+    }
+    if constexpr (kOffset == 1)
+      return kept[0];
+    else
+      return split_warp_sums<N / 2, kOffset / 2>(kept, lane);
+  }
+}
+
+// One 8-byte store to global memory (a float2 assignment of two accumulator elements compiled to two stores).
+// Nothing in the kernel reads what it writes: no memory clobber.
+__device__ inline void store_global_pair(float* address, float x, float y) {
+  asm("st.global.v2.f32 [%0], {%1, %2};" ::"l"(address), "f"(x), "f"(y));
+}
+
+// The lower block triangle of a [C, C] matrix (T, Aqk) as A fragments (standard k order) in shared memory,
+// made once rather than by every warp that reads it: tile (mt, kt <= mt) is number mt (mt + 1) / 2 + kt, its
+// kParts register sets of 32 lanes (hi, then lo) one after the other.
+constexpr int kTriangleTiles = kChunk / 16 * (kChunk / 16 + 1) / 2;
+
+__device__ inline int triangle_tile(int mt, int kt) {
+  return mt * (mt + 1) / 2 + kt;
+}
+
+template <int kParts>
+__device__ inline void store_triangle_fragment(uint4* fragments, int tile, int lane, const SplitA& a) {
+  fragments[tile * kParts * kWarpSize + lane] = a.hi;
+  if constexpr (kParts == 2) fragments[(tile * kParts + 1) * kWarpSize + lane] = a.lo;
+}
+
+template <int kParts>
+__device__ inline SplitA load_triangle_fragment(const uint4* fragments, int mt, int kt, int lane) {
+  const uint4* tile = fragments + triangle_tile(mt, kt) * kParts * kWarpSize + lane;
+  SplitA a;
+  a.hi = tile[0];
+  if constexpr (kParts == 2) a.lo = tile[kWarpSize];
+  return a;
+}
+
 // Stores the [M, K] matrix element(m, k) as pre-split A fragments (layout above; one part: the hi registers
 // only, the lo slots left unwritten).
 template <int M, int K, int kParts, class Element>
@@ -191,9 +249,9 @@ struct PrepareLayout {
   static constexpr int kQuery = 0;
   static constexpr int kKey = kQuery + kChunk * kRowLd;
   static constexpr int kValue = kKey + kChunk * kRowLd;
-  static constexpr int kA = kValue + kChunk * kRowLd;
-  static constexpr int kAqk = kA + kChunk * kSquareLd;
-  static constexpr int kInverse = kAqk + kChunk * kSquareLd;
+  static constexpr int kA = kValue + kChunk * kRowLd;   // then T's A fragments (store_triangle_fragment)
+  static constexpr int kAqk = kA + kChunk * kSquareLd;  // A fragments (store_triangle_fragment), 2 parts
+  static constexpr int kInverse = kAqk + kTriangleTiles * 2 * kWarpSize * 4;
   static constexpr int kCumulativeG = kInverse + kChunk * kSquareLd;
   static constexpr int kBeta = kCumulativeG + kChunk;
   static constexpr int kGrowth = kBeta + kChunk;         // e^G
@@ -224,7 +282,8 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   float* key = shared + L::kKey;
   float* value = shared + L::kValue;
   float* a = shared + L::kA;
-  float* aqk = shared + L::kAqk;
+  auto* aqk_fragments = reinterpret_cast<uint4*>(shared + L::kAqk);
+  auto* inverse_fragments = reinterpret_cast<uint4*>(a);  // T's, over A once T is complete
   float* inverse = shared + L::kInverse;
   float* cumulative_g = shared + L::kCumulativeG;
   float* row_beta = shared + L::kBeta;
@@ -251,30 +310,38 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp + kPrepareWarps * rr;
-      const float* row = qkv + (first + r) * qkv_stride;
+      // One 64-bit address per row and operand; the lane's elements at constant offsets from it.
+      const float* row = qkv + (first + r) * qkv_stride + lane;
+      const float *query_row = row + q_offset, *key_row = row + k_offset, *value_row = row + v_offset;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
         const int i = lane + kWarpSize * e;
-        qv[rr][e] = r < len && i < dk ? row[q_offset + i] : 0.0f;
-        kv[rr][e] = r < len && i < dk ? row[k_offset + i] : 0.0f;
-        vv[rr][e] = r < len && i < dv ? row[v_offset + i] : 0.0f;
+        qv[rr][e] = r < len && i < dk ? query_row[kWarpSize * e] : 0.0f;
+        kv[rr][e] = r < len && i < dk ? key_row[kWarpSize * e] : 0.0f;
+        vv[rr][e] = r < len && i < dv ? value_row[kWarpSize * e] : 0.0f;
       }
     }
     if (tid < kChunk) {
       row_beta[tid] = tid < len ? beta[(first + tid) * beta_stride + head] : 0.0f;
       cumulative_g[tid] = tid < len ? g[(first + tid) * g_stride + head] : 0.0f;
     }
+    // The sums of squares of q and k of each row (value 2 rr + 0, 1), all summed over the warp at once; each
+    // lane takes the norm of the total it holds and the rows' factors are read from the lanes holding them.
+    constexpr int kSums = 2 * kRowsPerWarp;
+    float squares[kSums] = {};
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr)
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        squares[2 * rr] += qv[rr][e] * qv[rr][e];
+        squares[2 * rr + 1] += kv[rr][e] * kv[rr][e];
+      }
+    const float factor = 1.0f / sqrtf(split_warp_sums(squares, lane) + kL2NormEps);
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp + kPrepareWarps * rr;
-      float query_squares = 0.0f, key_squares = 0.0f;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
-        query_squares += qv[rr][e] * qv[rr][e];
-        key_squares += kv[rr][e] * kv[rr][e];
-      }
-      const float query_factor = 1.0f / sqrtf(warp_sum(query_squares) + kL2NormEps);
-      const float key_factor = 1.0f / sqrtf(warp_sum(key_squares) + kL2NormEps);
+      const float query_factor = __shfl_sync(0xffffffffu, factor, 2 * rr * (kWarpSize / kSums));
+      const float key_factor = __shfl_sync(0xffffffffu, factor, (2 * rr + 1) * (kWarpSize / kSums));
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
         const int i = lane + kWarpSize * e;
@@ -294,7 +361,8 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   }
   __syncthreads();
 
-  // 2. K K^T and Q K^T (64 x 64 x D), lower triangle only; A and Aqk with beta and the decay.
+  // 2. K K^T and Q K^T (64 x 64 x D), lower triangle only; A and Aqk with beta and the decay. Tiles above the
+  // diagonal 16 x 16 blocks are never read: neither computed nor stored (whole warps skip).
   {
     if (tid < kChunk) {
       growth[tid] = expf(cumulative_g[tid]);
@@ -302,81 +370,161 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     }
     constexpr int kTiles = kChunk / 8 / (kPrepareWarps / 4);  // n tiles per warp
     const int mt = warp % 4, n_base = (warp / 4) * kTiles * 8;
-    float kk[kTiles][4] = {}, qk[kTiles][4] = {};
+    const auto below_diagonal_block = [&](int n0) { return n0 <= 16 * mt + 15; };
+    if (below_diagonal_block(n_base)) {
+      float kk[kTiles][4] = {}, qk[kTiles][4] = {};
 #pragma unroll 2
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      const SplitA ak = load_split_a_permuted<kParts>(key, ld, 16 * mt, k0, gq, tq);
-      const SplitA aq = load_split_a_permuted<kParts>(query, ld, 16 * mt, k0, gq, tq);
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        const SplitA ak = load_split_a_permuted<kParts>(key, ld, 16 * mt, k0, gq, tq);
+        const SplitA aq = load_split_a_permuted<kParts>(query, ld, 16 * mt, k0, gq, tq);
+#pragma unroll
+        for (int nt = 0; nt < kTiles; ++nt) {
+          const int n0 = n_base + 8 * nt;
+          if (!below_diagonal_block(n0)) continue;
+          const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k], permuted k order
+          const SplitB b = split_b<kParts>(p[0], p[8], p[4], p[12]);
+          mma_split_bf16<kParts>(kk[nt], ak, b);
+          mma_split_bf16<kParts>(qk[nt], aq, b);
+        }
+      }
+      // Rows i = 16 mt + gq + 8 h, columns j = n0 + 2 tq + c. The decay is taken for every pair, without a
+      // branch: where j > i (e^(G_i - G_j) >= 1, perhaps infinite) it is not used. Aqk goes straight to its A
+      // fragments: the accumulators of n tiles 2b and 2b + 1 are the fragment of 16-column block b.
+      const int i0 = 16 * mt + gq;
+      const float row_g[2] = {cumulative_g[i0], cumulative_g[i0 + 8]};
+      const float beta_i[2] = {row_beta[i0], row_beta[i0 + 8]};
+      float aqk_values[kTiles][4];
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
+        const int n0 = n_base + 8 * nt, j0 = n0 + 2 * tq;
+        if (!below_diagonal_block(n0)) continue;
+        const float2 column_g = *reinterpret_cast<const float2*>(cumulative_g + j0);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = i0 + 8 * h;
+          const float decay0 = expf(row_g[h] - column_g.x), decay1 = expf(row_g[h] - column_g.y);
+          const float* kk_pair = kk[nt] + 2 * h;
+          const float* qk_pair = qk[nt] + 2 * h;
+          *reinterpret_cast<float2*>(a + i * kSquareLd + j0) =
+              make_float2(j0 < i ? kk_pair[0] * beta_i[h] * decay0 : 0.0f,
+                          j0 + 1 < i ? kk_pair[1] * beta_i[h] * decay1 : 0.0f);
+          aqk_values[nt][2 * h] = j0 <= i ? qk_pair[0] * decay0 : 0.0f;
+          aqk_values[nt][2 * h + 1] = j0 + 1 <= i ? qk_pair[1] * decay1 : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kTiles; nt += 2) {
         const int n0 = n_base + 8 * nt;
-        if (n0 > 16 * mt + 15) continue;
-        const float* p = key + (n0 + gq) * ld + k0 + tq;  // B[k][n] = K[n][k], permuted k order
-        const SplitB b = split_b<kParts>(p[0], p[8], p[4], p[12]);
-        mma_split_bf16<kParts>(kk[nt], ak, b);
-        mma_split_bf16<kParts>(qk[nt], aq, b);
+        if (!below_diagonal_block(n0)) continue;
+        const float(&left)[4] = aqk_values[nt];
+        const float(&right)[4] = aqk_values[nt + 1];
+        SplitA fragment;
+        split_bf16_pair<kParts>(left[0], left[1], fragment.hi.x, fragment.lo.x);
+        split_bf16_pair<kParts>(left[2], left[3], fragment.hi.y, fragment.lo.y);
+        split_bf16_pair<kParts>(right[0], right[1], fragment.hi.z, fragment.lo.z);
+        split_bf16_pair<kParts>(right[2], right[3], fragment.hi.w, fragment.lo.w);
+        store_triangle_fragment<kParts>(aqk_fragments, triangle_tile(mt, n0 / 16), lane, fragment);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * mt + gq + 8 * (e / 2), j = n_base + 8 * nt + 2 * tq + e % 2;
-        const float decay = j <= i ? expf(cumulative_g[i] - cumulative_g[j]) : 0.0f;
-        a[i * kSquareLd + j] = j < i ? kk[nt][e] * row_beta[i] * decay : 0.0f;
-        aqk[i * kSquareLd + j] = j <= i ? qk[nt][e] * decay : 0.0f;
-      }
   }
   __syncthreads();
 
   const int record = head * chunks + chunk;
 
   // 3. (k e^(G_last - G))^T to the workspace in fragment order, and T = (I + A)^-1 in blocks of 16 (L = I +
-  // A): the diagonal blocks T_ii = L_ii^-1 by substitution (row r of T_ii is e_r - sum_{p<r} A[r][p] T[p];
-  // column j belongs to the 4 lanes 4j..4j+3 of one warp, the p sum split four ways, so rows pass on with
-  // __syncwarp), then the blocks below by their distance d from the diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik
-  // T_kj. Blocks above the diagonal are never read.
+  // A): the diagonal blocks T_ii = L_ii^-1 by substitution (row r of T_ii is e_r - sum_{p<r} A[r][p] T[p]), a
+  // thread per column of T holding it in registers; then the blocks below by their distance d from the
+  // diagonal: T_ij = -T_ii sum_{j<=k<i} A_ik T_kj, a thread per 4 columns of a row (a float4 of T per k, so
+  // one load of A or T serves 4 products). Every sum runs in the order of the scalar form this replaced (a
+  // thread per element; the substitution's p sum split over 4 lanes), so T is bit for bit the same. Blocks
+  // above the diagonal are never read.
   {
     store_split_fragments<D, kChunk, kParts>(
         reinterpret_cast<uint4*>(ws.k_t + static_cast<size_t>(record) * D * kChunk),
         [&](int i, int t) { return key[t * ld + i] * key_decay[t]; }, tid, kPrepareThreads);
-    if (tid < 4 * kChunk) {  // whole warps
-      const int column = tid / 4, part = tid % 4, block_first = column / kBlock * kBlock;
-      if (part == 0)
-        for (int r = block_first; r <= column; ++r)
-          inverse[r * kSquareLd + column] = r == column ? 1.0f : 0.0f;
-      __syncwarp();
-      for (int i = block_first + 1; i < block_first + kBlock; ++i) {
-        float sum = 0.0f;
-        for (int p = column + part; p < i; p += 4)
-          sum += a[i * kSquareLd + p] * inverse[p * kSquareLd + column];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (part == 0 && column < i) inverse[i * kSquareLd + column] = -sum;
-        __syncwarp();
+    if (tid < kChunk) {  // whole warps
+      const int column = tid % kBlock, block_first = tid - column;
+      float t[kBlock];  // column `column` of the diagonal block: zeros above the 1
+#pragma unroll
+      for (int p = 0; p < kBlock; ++p) t[p] = p == column ? 1.0f : 0.0f;
+#pragma unroll
+      for (int i = 1; i < kBlock; ++i) {
+        const float* a_row = a + (block_first + i) * kSquareLd + block_first;
+        // The p sum in four parts by p mod 4, ascending (rows p < column add zeros, leaving a part +0).
+        float parts[4] = {};
+#pragma unroll
+        for (int p4 = 0; p4 < i; p4 += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(a_row + p4);
+          const float a_values[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+          for (int e = 0; e < 4 && p4 + e < i; ++e) parts[e] += a_values[e] * t[p4 + e];
+        }
+        // The parts added as the 4 lanes starting at p = column + lane did: (lanes 0 + 1) + (lanes 2 + 3).
+        const float sum = column % 2 == 0 ? (parts[0] + parts[1]) + (parts[2] + parts[3])
+                                          : (parts[1] + parts[2]) + (parts[3] + parts[0]);
+        if (column < i) t[i] = -sum;
       }
+#pragma unroll
+      for (int p = 0; p < kBlock; ++p) inverse[(block_first + p) * kSquareLd + tid] = t[p];
     }
     __syncthreads();
-    constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock;
+    constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock, kQuads = kBlock / 4;
     for (int d = 1; d < kBlocks; ++d) {
-      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kPrepareThreads) {
-        const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
-        float sum = 0.0f;
-        for (int q = kBlock * j; q < kBlock * i; ++q)
-          sum += a[(kBlock * i + r) * kSquareLd + q] * inverse[q * kSquareLd + kBlock * j + c];
-        block_sums[e] = sum;
+      // Item tid = (j, r, quad): row r of block (j + d, j), its columns 4 quad..4 quad + 3.
+      const bool has_item = tid < (kBlocks - d) * kBlock * kQuads;
+      const int j = tid / (kBlock * kQuads), r = tid / kQuads % kBlock, quad = tid % kQuads, i = j + d;
+      const int row = kBlock * i + r, column = kBlock * j + 4 * quad;
+      float4* block_sum = reinterpret_cast<float4*>(block_sums) + tid;  // [j][r][quad]
+      if (has_item) {
+        float4 sum = {};
+        for (int q = kBlock * j; q < kBlock * i; q += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(a + row * kSquareLd + q);
+          const float a_values[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float4 t4 = *reinterpret_cast<const float4*>(inverse + (q + e) * kSquareLd + column);
+            sum.x += a_values[e] * t4.x;
+            sum.y += a_values[e] * t4.y;
+            sum.z += a_values[e] * t4.z;
+            sum.w += a_values[e] * t4.w;
+          }
+        }
+        *block_sum = sum;
       }
       __syncthreads();
-      for (int e = tid; e < (kBlocks - d) * kBlockSize; e += kPrepareThreads) {
-        const int j = e / kBlockSize, r = e % kBlockSize / kBlock, c = e % kBlock, i = j + d;
-        float sum = 0.0f;
-        for (int m = 0; m <= r; ++m)
-          sum += inverse[(kBlock * i + r) * kSquareLd + kBlock * i + m] *
-                 block_sums[j * kBlockSize + m * kBlock + c];
-        inverse[(kBlock * i + r) * kSquareLd + kBlock * j + c] = -sum;
+      if (has_item) {
+        // All 16 m of T_ii's row: past m = r its zeros add nothing.
+        const float4* sums_of_block = reinterpret_cast<const float4*>(block_sums) + j * kBlockSize / 4 + quad;
+        float4 sum = {};
+#pragma unroll
+        for (int m4 = 0; m4 < kBlock; m4 += 4) {
+          const float4 t4 = *reinterpret_cast<const float4*>(inverse + row * kSquareLd + kBlock * i + m4);
+          const float t_values[4] = {t4.x, t4.y, t4.z, t4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float4 s4 = sums_of_block[(m4 + e) * kQuads];
+            sum.x += t_values[e] * s4.x;
+            sum.y += t_values[e] * s4.y;
+            sum.z += t_values[e] * s4.z;
+            sum.w += t_values[e] * s4.w;
+          }
+        }
+        *reinterpret_cast<float4*>(inverse + row * kSquareLd + column) =
+            make_float4(-sum.x, -sum.y, -sum.z, -sum.w);
       }
       __syncthreads();
     }
+    // T's lower block triangle as the A fragments of stage 4, over A (read no more).
+    for (int index = tid; index < kTriangleTiles * kWarpSize; index += kPrepareThreads) {
+      const int tile = index / kWarpSize, l = index % kWarpSize;
+      int mt = 0;
+      while (triangle_tile(mt + 1, 0) <= tile) ++mt;
+      const int kt = tile - triangle_tile(mt, 0);
+      store_triangle_fragment<kParts>(
+          inverse_fragments, tile, l,
+          load_split_a<kParts>(inverse, kSquareLd, 16 * mt, 16 * kt, l / 4, l % 4));
+    }
+    __syncthreads();
   }
 
   // Stages 4 and 5: C = L [X | Y] (64 x 2D x 64, L lower triangular: a k step of 8 meets m tile mt only when
@@ -384,7 +532,19 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
   // warp does the same work; acc[mt][nt] is its tile (mt, warp * kTilesPerWarp + nt).
   constexpr int kTilesPerWarp = 2 * D / 8 / kPrepareWarps;
   const int half = warp / (kPrepareWarps / 2), n_first = (warp % (kPrepareWarps / 2)) * kTilesPerWarp * 8;
-  float* uu = ws.uu + static_cast<size_t>(record) * 2 * kChunk * D;
+  // This lane's first element of U (row gq, columns n_first + 2 tq, +1): its tiles at constant offsets.
+  float* uu_lane = ws.uu + static_cast<size_t>(record) * 2 * kChunk * D + gq * D + n_first + 2 * tq;
+  // Accumulator tiles (4 m tiles, kTilesPerWarp n tiles) to rows of U or U' (D floats apart), a pair a store.
+  const auto store_tile_pairs = [](float* lane_first, const float(&tiles)[4][kTilesPerWarp][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kTilesPerWarp; ++nt) {
+        float* pair = lane_first + 16 * mt * D + 8 * nt;
+        store_global_pair(pair, tiles[mt][nt][0], tiles[mt][nt][1]);
+        store_global_pair(pair + 8 * D, tiles[mt][nt][2], tiles[mt][nt][3]);
+      }
+  };
 
   // 4. [W | U] = T [k beta e^G | v beta].
   {
@@ -408,7 +568,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const SplitA at = load_split_a<kParts>(inverse, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA at = load_triangle_fragment<kParts>(inverse_fragments, mt, k0 / 16, lane);
 #pragma unroll
         for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16<kParts>(acc[mt][nt], at, b[nt]);
       }
@@ -421,15 +581,10 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       for (int nt = 0; nt < kTilesPerWarp; ++nt) {
         const int i = 16 * mt + gq, j = n_first + 8 * nt + 2 * tq;
         const float* c = acc[mt][nt];
-        target[i * ld + j] = c[0];
-        target[i * ld + j + 1] = c[1];
-        target[(i + 8) * ld + j] = c[2];
-        target[(i + 8) * ld + j + 1] = c[3];
-        if (half == 1) {
-          *reinterpret_cast<float2*>(uu + i * D + j) = make_float2(c[0], c[1]);
-          *reinterpret_cast<float2*>(uu + (i + 8) * D + j) = make_float2(c[2], c[3]);
-        }
+        *reinterpret_cast<float2*>(target + i * ld + j) = make_float2(c[0], c[1]);
+        *reinterpret_cast<float2*>(target + (i + 8) * ld + j) = make_float2(c[2], c[3]);
       }
+    if (half == 1) store_tile_pairs(uu_lane, acc);
   }
   __syncthreads();
 
@@ -447,7 +602,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       }
 #pragma unroll
       for (int mt = k0 / 16; mt < 4; ++mt) {
-        const SplitA aa = load_split_a<kParts>(aqk, kSquareLd, 16 * mt, k0, gq, tq);
+        const SplitA aa = load_triangle_fragment<kParts>(aqk_fragments, mt, k0 / 16, lane);
 #pragma unroll
         for (int nt = 0; nt < kTilesPerWarp; ++nt) mma_split_bf16<kParts>(acc[mt][nt], aa, b[nt]);
       }
@@ -463,11 +618,9 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
           query[i * ld + j + 1] = query[i * ld + j + 1] * growth[i] - c[1];
           query[(i + 8) * ld + j] = query[(i + 8) * ld + j] * growth[i + 8] - c[2];
           query[(i + 8) * ld + j + 1] = query[(i + 8) * ld + j + 1] * growth[i + 8] - c[3];
-        } else {
-          *reinterpret_cast<float2*>(uu + (kChunk + i) * D + j) = make_float2(c[0], c[1]);
-          *reinterpret_cast<float2*>(uu + (kChunk + i + 8) * D + j) = make_float2(c[2], c[3]);
         }
       }
+    if (half == 1) store_tile_pairs(uu_lane + kChunk * D, acc);
   }
   __syncthreads();
 

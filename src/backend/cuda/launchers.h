@@ -35,6 +35,11 @@ cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor&
 // F32 rows, and into out as F32 when out is non-empty. Lets no kernel in early (pdl.cuh: cuBLAS comes next).
 cudaError_t launch_rmsnorm_to_bf16(void* operand, const Tensor& out, const Tensor& x, const Tensor& delta,
                                    const Tensor& weight, float eps, bool unit_offset, cudaStream_t stream);
+// The GDN output's gated norm (launch_rmsnorm with z, no unit offset) whose rows a cuBLAS GEMM reads: only
+// into `operand` (x.rows * x.cols BF16 values, contiguous), rounded as launch_rows_to_bf16 rounds F32 rows.
+// Lets no kernel in early, as launch_rmsnorm_to_bf16.
+cudaError_t launch_gated_rmsnorm_to_bf16(void* operand, const Tensor& x, const Tensor& weight,
+                                         const Tensor& z, float eps, cudaStream_t stream);
 
 // linear.cu: out = x W^T, dense (BF16/F16/F32 weight [N, K]) or W4A16 (packed I32 [N, K/8] + scales).
 cudaError_t launch_dense_linear(const Tensor& out, const Tensor& x, const Tensor& weight,

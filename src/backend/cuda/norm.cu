@@ -2,9 +2,9 @@
 // y = w * rmsnorm(x) * silu(z), and the residual form x += delta; y = rmsnorm(x) (one kernel instead of an
 // add and a norm per residual connection). One block per (row, group); sum of squares in fp32.
 //
-// A norm whose rows feed cuBLAS (prefill) also writes them rounded to BF16, as rows_to_bf16 would round
-// them, into the GEMM's operand, and the F32 rows only where something else reads them: the linears then
-// skip their pass over the rows.
+// A norm whose rows feed cuBLAS (prefill: a sublayer's norm, the GDN output's gated norm) also writes them
+// rounded to BF16, as rows_to_bf16 would round them, into the GEMM's operand, and the F32 rows only where
+// something else reads them: the linears then skip their pass over the rows.
 //
 // Groups of a multiple of 4 columns with 16-byte aligned rows (every Qwen3.5 norm) take the register kernel:
 // each thread holds up to kMaxQuadsPerThread float4 of its group, so x is read from memory once and written
@@ -232,6 +232,12 @@ cudaError_t launch_rmsnorm_to_bf16(void* operand, const Tensor& out, const Tenso
   if (delta.empty())
     return launch_norm<NormInput::Plain>(out, rows, x, weight, delta, eps, unit_offset, stream);
   return launch_norm<NormInput::Residual>(out, rows, x, weight, delta, eps, unit_offset, stream);
+}
+
+cudaError_t launch_gated_rmsnorm_to_bf16(void* operand, const Tensor& x, const Tensor& weight,
+                                         const Tensor& z, float eps, cudaStream_t stream) {
+  return launch_norm<NormInput::Gated>(Tensor{}, static_cast<__nv_bfloat16*>(operand), x, weight, z, eps,
+                                       false, stream);
 }
 
 }  // namespace qspec::cuda
