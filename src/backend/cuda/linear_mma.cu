@@ -614,8 +614,10 @@ __device__ void store_item_sums(const MmaArgs& a, const MmaItem& item, const flo
 }
 
 // After every tile of the block stored its sums (store_item_sums), with K split: the last block of the
-// group of kFeatures features (item.group) to finish adds the splits' partials in split order.
-template <int kFeatures, int kRows>
+// group of kFeatures features (item.group) to finish adds the splits' partials in split order, kBatch
+// elements a thread with kSplitsInFlight splits of each loaded at once (each round an L2 round trip on the
+// call's tail: 16 rows of 128 features and 18 splits took 20 with 4 x 4).
+template <int kFeatures, int kRows, int kBatch, int kSplitsInFlight>
 __device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* last_block) {
   if (a.splits == 1) return;
   const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
@@ -628,8 +630,7 @@ __device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* las
   }
   __syncthreads();  // the last block reads the partials after thread 0's ticket acquired them
   if (!*last_block) return;
-  // kBatch elements per thread at a time (elements past the group's rows or features read element 0).
-  constexpr int kBatch = 4;
+  // Elements past the group's rows or features read element 0.
   const int elements = kFeatures * rows_here;
   for (int first = static_cast<int>(threadIdx.x); first < elements; first += kBatch * kThreads) {
     int64_t offset[kBatch];
@@ -642,7 +643,7 @@ __device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* las
       offset[b] = valid[b] ? (first_row + e / kFeatures) * a.out_features + feature : 0;
     }
     float total[kBatch];
-    sum_splits<kBatch, 4>(a.partials, a.rows * a.out_features, a.splits, offset, total);
+    sum_splits<kBatch, kSplitsInFlight>(a.partials, a.rows * a.out_features, a.splits, offset, total);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b)
       if (valid[b]) {
@@ -752,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
 
     if (next_index != item_index) {
       store_item_sums<kHalves>(a, item, acc, first_feature_of(item.group), g, q);
-      sum_item_splits<kGroupFeatures, kRows>(a, item, &last_block);
+      sum_item_splits<kGroupFeatures, kRows, 4, 4>(a, item, &last_block);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h)
 #pragma unroll
@@ -777,7 +778,8 @@ constexpr int kRingTiles = 2;
 constexpr int kRingDepth = 4;
 constexpr int kRingBlocksPerMultiprocessor = 3;
 constexpr int kRingGroupFeatures = kWarps * kRingTiles * kTileFeatures;
-constexpr int kRingStagePasses = 5;  // an item's x (16 rows of 5 chunks: 10 passes) in two round trips
+constexpr int kRingSumBatch = 8;      // the last block's elements a thread, and splits in flight of each
+constexpr int kRingStagePasses = 10;  // an item's x (16 rows of 5 chunks: 10 passes) in one round trip
 
 struct RingLayout {
   // low, high and scale slots of every tile and stage
@@ -879,7 +881,7 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 #pragma unroll
   for (int tile = 0; tile < kRingTiles; ++tile)
     store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
-  sum_item_splits<kRingGroupFeatures, kRows>(a, item, &last_block);
+  sum_item_splits<kRingGroupFeatures, kRows, kRingSumBatch, 4>(a, item, &last_block);
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
