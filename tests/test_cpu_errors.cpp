@@ -50,7 +50,7 @@ TEST_F(CpuErrors, Linear) {
 }
 
 // The gated MLP's down projection: gate_up twice the weight's in_features wide, act shaped [T, I] and apart
-// from gate_up and out.
+// from gate_up and out, out apart from gate_up (a one-row CUDA kernel reads gate_up while others write out).
 TEST_F(CpuErrors, SiluGatedLinear) {
   TestTensor out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8), w_down(DType::BF16, 16, 8);
   const LinearWeight down{16, 8, w_down.view(), {}, {}, 0};
@@ -63,9 +63,16 @@ TEST_F(CpuErrors, SiluGatedLinear) {
       {"silu_gated_linear", "act must not overlap gate_up or out"});
   expect_error([&] { backend->silu_gated_linear(f32(2, 5).view(), gate_up.view(), act.view(), down); },
                {"linear", "out", "[2, 5]", "[2, 16]"});
+  TestTensor wide = f32(2, 32);
+  expect_error(
+      [&] {
+        backend->silu_gated_linear(wide.view().cols_view(8, 16), wide.view().cols_view(0, 16), act.view(),
+                                   down);
+      },
+      {"silu_gated_linear", "out must not overlap gate_up"});
 }
 
-// The gated attention's output projection: gate shaped as x, out as x W^T.
+// The gated attention's output projection: gate shaped as x, out as x W^T and apart from both.
 TEST_F(CpuErrors, SigmoidGatedLinear) {
   TestTensor x = f32(2, 16), gate = f32(2, 16), out = f32(2, 4), w(DType::BF16, 4, 16);
   const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
@@ -73,6 +80,12 @@ TEST_F(CpuErrors, SigmoidGatedLinear) {
                {"sigmoid_gated_linear", "gate", "[2, 15]", "[2, 16]"});
   expect_error([&] { backend->sigmoid_gated_linear(f32(2, 5).view(), x.view(), gate.view(), weight); },
                {"linear", "out", "[2, 5]", "[2, 4]"});
+  expect_error(
+      [&] { backend->sigmoid_gated_linear(x.view().cols_view(0, 4), x.view(), gate.view(), weight); },
+      {"sigmoid_gated_linear", "out must not overlap x or gate"});
+  expect_error(
+      [&] { backend->sigmoid_gated_linear(gate.view().cols_view(4, 4), x.view(), gate.view(), weight); },
+      {"sigmoid_gated_linear", "out must not overlap x or gate"});
 }
 
 TEST_F(CpuErrors, LinearW4A16) {

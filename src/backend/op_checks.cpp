@@ -144,6 +144,7 @@ void check_sigmoid_gated_linear_args(const Tensor& out, const Tensor& x, const T
                                      const LinearWeight& w) {
   check_elementwise_args("sigmoid_gated_linear", "x", "gate", x, x, gate);
   check_linear_args(out, x, w);
+  if (out.overlaps(x) || out.overlaps(gate)) fail("sigmoid_gated_linear: out must not overlap x or gate");
 }
 
 void check_silu_gated_linear_args(const Tensor& out, const Tensor& gate_up, const Tensor& act,
@@ -154,6 +155,7 @@ void check_silu_gated_linear_args(const Tensor& out, const Tensor& gate_up, cons
   check_linear_args(out, act, w);
   if (act.overlaps(gate_up) || act.overlaps(out))
     fail("silu_gated_linear: act must not overlap gate_up or out");
+  if (out.overlaps(gate_up)) fail("silu_gated_linear: out must not overlap gate_up");
 }
 
 void check_elementwise_args(std::string_view op, std::string_view a_name, std::string_view b_name,

@@ -613,9 +613,10 @@ TEST(CudaOps, LinearRowsIndependentOfRowHalves) {
 }
 
 // The shared-memory ring kernel (W4A16 of several rows) makes the register-held many-row kernel's sums bit
-// for bit: the same items and arithmetic, only the loads differ. Rows in one pass (2, 3, 16) and two (17,
-// 32), g32 (vector scales) and g128 with F16 scales, split K and not, features past the last tile, x rows
-// 16-byte aligned and not.
+// for bit: the same items and arithmetic, only the loads differ. Rows in one pass (2, 3, 8, 16) and two (17,
+// 32); g32 (vector scales) and g128, BF16 and F16 scales; the default splits of K and chosen ones
+// (chunks_per_split: a short last split, one split, 8 chunks a split at 2 and 8 rows); features past the last
+// tile; x rows 16-byte aligned and not.
 TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
   std::mt19937 rng(63);
   auto& b = backends();
@@ -623,17 +624,28 @@ TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
     int64_t n, k;
     int group;
     DType scale_dtype;
+    int64_t chunks_per_split;  // 0: mma_split's
+    std::vector<int64_t> rows;
   };
-  for (const Case& c : {Case{2560, 9216, 32, DType::BF16}, Case{9216, 2560, 32, DType::BF16},
-                        Case{1000, 4096, 128, DType::F16}, Case{2560, 9216, 128, DType::BF16}}) {
+  const std::vector<Case> cases = {
+      {2560, 9216, 32, DType::BF16, 0, {2, 3, 16, 17, 32}},
+      {9216, 2560, 32, DType::BF16, 0, {2, 3, 16, 17, 32}},
+      {1000, 4096, 128, DType::F16, 0, {2, 3, 16, 17, 32}},
+      {2560, 9216, 128, DType::BF16, 0, {2, 16, 32}},
+      {1000, 2560, 32, DType::F16, 3, {3, 16, 17}},  // 7 splits, the last of 2 chunks
+      {1000, 512, 32, DType::BF16, 4, {16}},         // one split: the sums go straight out
+      {1000, 2560, 128, DType::BF16, 8, {2, 8}},     // 8 chunks a split (the last 4), rows in one half
+  };
+  for (const Case& c : cases) {
     const WeightPair packed = random_packed_int4(rng, c.n, c.k);
     const int64_t groups = c.k / c.group;
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
     const LinearWeight w{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
-    for (int64_t rows : {2, 3, 16, 17, 32}) {
+    for (int64_t rows : c.rows) {
       const TensorPair wide = b.activation(rows, c.k + 4, random_floats(rng, rows * (c.k + 4), -1.0f, 1.0f));
-      const cuda::LinearMmaWorkspaceSize size = cuda::linear_mma_workspace_size(rows, c.n, c.k);
+      const cuda::LinearMmaWorkspaceSize size =
+          cuda::linear_mma_workspace_size(rows, c.n, c.k, c.chunks_per_split);
       const auto partials =
           b.gpu().alloc(DType::F32, std::max<int64_t>(1, static_cast<int64_t>(size.partial_floats)), 1);
       const auto counters =
@@ -641,21 +653,23 @@ TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
       b.gpu().fill_zero(counters->tensor());
       const cuda::LinearMmaWorkspace workspace{partials->tensor().ptr<float>(),
                                                static_cast<unsigned*>(counters->tensor().data)};
+      cuda::LinearMmaTuning ring_kernel, register_kernel;
+      ring_kernel.chunks_per_split = register_kernel.chunks_per_split = c.chunks_per_split;
+      register_kernel.ring_kernel = false;
       for (int64_t offset : {4, 1}) {
         const Tensor x = wide.gpu().cols_view(offset, c.k);
         TensorPair ring = b.poisoned(rows, c.n), registers = b.poisoned(rows, c.n);
         b.gpu().synchronize();
-        cuda::LinearMmaTuning register_kernel;
-        register_kernel.ring_kernel = false;
-        cuda::check_cuda(cuda::launch_linear_mma(ring.gpu(), x, w, workspace, nullptr), "ring kernel");
+        cuda::check_cuda(cuda::launch_linear_mma(ring.gpu(), x, w, workspace, nullptr, ring_kernel),
+                         "ring kernel");
         cuda::check_cuda(cuda::launch_linear_mma(registers.gpu(), x, w, workspace, nullptr, register_kernel),
                          "register-held kernel");
         cuda::check_cuda(cudaDeviceSynchronize(), "linear kernels");
         expect_close(
             "linear",
-            fmt::format("linear W4A16 g{} {} scales M={} N={} K={}, x at column {}: ring vs register-held "
-                        "kernel",
-                        c.group, dtype_label(c.scale_dtype), rows, c.n, c.k, offset),
+            fmt::format("linear W4A16 g{} {} scales M={} N={} K={} chunks/split {}, x at column {}: ring "
+                        "vs register-held kernel",
+                        c.group, dtype_label(c.scale_dtype), rows, c.n, c.k, c.chunks_per_split, offset),
             b.read_gpu(ring.gpu()), b.read_gpu(registers.gpu()), kExact);
       }
     }
@@ -1852,6 +1866,9 @@ TEST(CudaOps, GdnMixerLinear) {
     expect_same("conv_out", o.conv_out, ops.conv_out);
     expect_same("beta", o.beta, ops.beta);
     expect_same("g", o.g, ops.g);
+    // Up to 16 tokens the fused mixer kernel (gdn_mixer.cu) keeps its norm's partial sums in core, not the
+    // recurrence's output.
+    if (c.tokens > 16) expect_same("core", o.core, ops.core);
     expect_same("conv state", conv_state, conv_state_ops);
     expect_same("recurrent state", state, state_ops);
     const TensorPair gated = b.activation(c.tokens, in.z_cols(), b.read_gpu(ops.out.gpu()));

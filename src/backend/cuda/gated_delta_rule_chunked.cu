@@ -173,9 +173,10 @@ __device__ inline float split_warp_sums(const float (&values)[N], int lane) {
 }
 
 // One 8-byte store to global memory (a float2 assignment of two accumulator elements compiled to two stores).
-// Nothing in the kernel reads what it writes: no memory clobber.
+// Nothing in the kernel reads what it writes: no memory clobber (volatile: a store has no outputs to keep
+// it).
 __device__ inline void store_global_pair(float* address, float x, float y) {
-  asm("st.global.v2.f32 [%0], {%1, %2};" ::"l"(address), "f"(x), "f"(y));
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(address), "f"(x), "f"(y));
 }
 
 // The lower block triangle of a [C, C] matrix (T, Aqk) as A fragments (standard k order) in shared memory,
@@ -369,6 +370,7 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
       key_decay[tid] = expf(cumulative_g[kChunk - 1] - cumulative_g[tid]);
     }
     constexpr int kTiles = kChunk / 8 / (kPrepareWarps / 4);  // n tiles per warp
+    static_assert(kTiles % 2 == 0, "the Aqk fragments pair n tiles");
     const int mt = warp % 4, n_base = (warp / 4) * kTiles * 8;
     const auto below_diagonal_block = [&](int n0) { return n0 <= 16 * mt + 15; };
     if (below_diagonal_block(n_base)) {
@@ -469,6 +471,8 @@ __global__ void __launch_bounds__(prepare_warps<D>() * kWarpSize, 1)
     }
     __syncthreads();
     constexpr int kBlocks = kChunk / kBlock, kBlockSize = kBlock * kBlock, kQuads = kBlock / 4;
+    static_assert((kBlocks - 1) * kBlock * kQuads <= kPrepareThreads,
+                  "a thread per item of the first diagonal");
     for (int d = 1; d < kBlocks; ++d) {
       // Item tid = (j, r, quad): row r of block (j + d, j), its columns 4 quad..4 quad + 3.
       const bool has_item = tid < (kBlocks - d) * kBlock * kQuads;

@@ -33,8 +33,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/cp_async.cuh"
@@ -247,14 +245,15 @@ struct PackedInt4Weights {
 
   // The ring kernel (linear_ring_kernel) copies a whole chunk's words and scales to this lane's slots in
   // shared memory (cp.async: nothing is held in registers while in flight) and reads them back as load_whole
-  // would have loaded them. Group 128 copies the aligned scale pair holding the chunk's scale (ring_takes
-  // checks the alignment).
+  // would have loaded them. Group 128 copies the aligned scale pair holding the chunk's scale (ring_aligned
+  // checks that the pair is aligned and inside the row).
   static constexpr bool kRingCopies = kScales != ScaleLoad::PerBlock;
 
-  // Group 128's 4-byte scale copies need 4-byte aligned scale rows (vector scales are 8-byte aligned).
+  // Group 128's 4-byte scale copies need 4-byte aligned scale rows of an even number of groups (the last
+  // pair inside the row); vector scales are 8-byte aligned.
   bool ring_aligned() const {
     return kScales == ScaleLoad::Vector ||
-           (reinterpret_cast<uintptr_t>(scales) % 4 == 0 && scales_stride % 2 == 0);
+           (reinterpret_cast<uintptr_t>(scales) % 4 == 0 && scales_stride % 2 == 0 && blocks % 8 == 0);
   }
 
   __device__ void copy_whole_async(const Rows& r, int chunk, int q, uint4* low, uint4* high,
@@ -653,6 +652,43 @@ __device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* las
   }
 }
 
+// One staged chunk of x times kTiles tiles' weights of that chunk, into the tiles' sums: the arithmetic of
+// both many-row kernels (and so of the one-row kernel's splits). FP16 x: each block's group-scaled sums join
+// the chunk's, which the rows' inverse chunk scales fold into acc; BF16 x: the products go straight into acc.
+template <typename Weights, int kHalves, int kTiles>
+__device__ inline void multiply_chunk(float (&acc)[kTiles][kHalves][4],
+                                      const typename Weights::Loaded (&w)[kTiles], const XStage& x_stage,
+                                      int chunk, int g, int q) {
+  constexpr XForm kForm = Weights::kX;
+  constexpr bool kScaled = kForm == XForm::Fp16Scaled;
+  float chunk_sums[kTiles][kHalves][4] = {};  // FP16 x: the chunk's sums, before its scale
+#pragma unroll
+  for (int u = 0; u < kChunkBlocks; ++u) {
+    uint4 x[kXParts<kForm>][kHalves];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      const uint4* words =
+          reinterpret_cast<const uint4*>(x_stage.values + (h * 8 + g) * x_stage.row_words +
+                                         ((chunk * kChunkBlocks + u) * 4 + q) * kXWords<kForm>);
+#pragma unroll
+      for (int part = 0; part < kXParts<kForm>; ++part) x[part][h] = words[part];
+    }
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile)
+      Weights::template accumulate<kHalves>(kScaled ? chunk_sums[tile] : acc[tile], w[tile], u, x);
+  }
+  if constexpr (kScaled) {
+    float inverse[kHalves][2];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        inverse[h][i] = x_stage.scales[(h * 8 + 2 * q + i) * x_stage.chunks + chunk];
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) fold_chunk<kHalves>(acc[tile], chunk_sums[tile], inverse);
+  }
+}
+
 // A block takes items blockIdx.x, blockIdx.x + gridDim.x, ... (one, unless the tuning's grid is smaller) as
 // one stream of stages: the next stage's weights (of this item or the next) are loaded while this one is
 // computed.
@@ -681,7 +717,7 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
   using Rows = typename Weights::Rows;
   // Features past the end read the last one; their sums are not written.
   auto first_feature_of = [&](int64_t group) { return (group * kWarps + warp) * kTileFeatures; };
-  auto load_stage = [&](int64_t group, int64_t stage, int64_t end_chunk, Loaded(&into)[kStageChunks]) {
+  auto load_stage = [&](int64_t group, int64_t stage, int64_t end_chunk, Loaded(&into)[kStageChunks][1]) {
     const int64_t first = first_feature_of(group);
     const Rows rows =
         weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
@@ -689,9 +725,9 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
     for (int c = 0; c < kStageChunks; ++c)
       if (stage + c < end_chunk) {
         if constexpr (kWholeChunks)
-          into[c] = weights.load_whole(rows, static_cast<int>(stage + c), q);
+          into[c][0] = weights.load_whole(rows, static_cast<int>(stage + c), q);
         else
-          into[c] = weights.load(rows, stage + c, q);
+          into[c][0] = weights.load(rows, stage + c, q);
       }
   };
 
@@ -700,13 +736,13 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
   int64_t stage = item.first_chunk;
   // Two stages of weights in turn (ping-pong, no copies: a register copy of a stage would wait for its
   // loads).
-  Loaded even[kStageChunks] = {}, odd[kStageChunks] = {};
+  Loaded even[kStageChunks][1] = {}, odd[kStageChunks][1] = {};
   load_stage(item.group, stage, item.end_chunk, even);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
   allow_next_kernel();
-  float acc[kHalves][4] = {};
+  float acc[1][kHalves][4] = {};
   // Loads the next stage into `next`, computes `current`; false when this block has no next stage.
-  auto step = [&](Loaded(&current)[kStageChunks], Loaded(&next)[kStageChunks]) {
+  auto step = [&](Loaded(&current)[kStageChunks][1], Loaded(&next)[kStageChunks][1]) {
     int64_t next_index = item_index, next_stage = stage + kStageChunks;
     MmaItem next_item = item;
     if (next_stage >= item.end_chunk) {
@@ -728,36 +764,16 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
 #pragma unroll
     for (int c = 0; c < kStageChunks; ++c) {
       if (stage + c >= item.end_chunk) break;
-      float chunk_sums[kHalves][4] = {};  // FP16 x: the chunk's sums, before its scale
-#pragma unroll
-      for (int u = 0; u < kChunkBlocks; ++u) {
-        uint4 x[kXParts<kForm>][kHalves];
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          const uint4* words = reinterpret_cast<const uint4*>(
-              x_stage.values + (h * 8 + g) * kRowWords + ((c * kChunkBlocks + u) * 4 + q) * kXWords<kForm>);
-#pragma unroll
-          for (int part = 0; part < kXParts<kForm>; ++part) x[part][h] = words[part];
-        }
-        Weights::template accumulate<kHalves>(kScaled ? chunk_sums : acc, current[c], u, x);
-      }
-      if constexpr (kScaled) {
-        float inverse[kHalves][2];
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) inverse[h][i] = x_scales[(h * 8 + 2 * q + i) * kStageChunks + c];
-        fold_chunk<kHalves>(acc, chunk_sums, inverse);
-      }
+      multiply_chunk<Weights, kHalves, 1>(acc, current[c], x_stage, c, g, q);
     }
 
     if (next_index != item_index) {
-      store_item_sums<kHalves>(a, item, acc, first_feature_of(item.group), g, q);
+      store_item_sums<kHalves>(a, item, acc[0], first_feature_of(item.group), g, q);
       sum_item_splits<kGroupFeatures, kRows, 4, 4>(a, item, &last_block);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[h][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) acc[0][h][i] = 0.0f;
     }
     item_index = next_index;
     item = next_item;
@@ -778,7 +794,10 @@ constexpr int kRingTiles = 2;
 constexpr int kRingDepth = 4;
 constexpr int kRingBlocksPerMultiprocessor = 3;
 constexpr int kRingGroupFeatures = kWarps * kRingTiles * kTileFeatures;
-constexpr int kRingSumBatch = 8;      // the last block's elements a thread, and splits in flight of each
+// The last block's elements a thread at a time, and the splits of each in flight: a 16-row pass of 128
+// features in two batches.
+constexpr int kRingSumBatch = 8;
+constexpr int kRingSumSplitsInFlight = 4;
 constexpr int kRingStagePasses = 10;  // an item's x (16 rows of 5 chunks: 10 passes) in one round trip
 
 struct RingLayout {
@@ -856,32 +875,13 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
       w[tile] = Weights::read_copied(low_slots[slot], high_slots[slot], scale_slots[slot],
                                      static_cast<int>(item.first_chunk) + c);
     }
-    float chunk_sums[kRingTiles][kHalves][4] = {};
-#pragma unroll
-    for (int u = 0; u < kChunkBlocks; ++u) {
-      uint4 x[1][kHalves];
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h)
-        x[0][h] =
-            *reinterpret_cast<const uint4*>(x_values + (h * 8 + g) * row_words +
-                                            ((c * kChunkBlocks + u) * 4 + q) * kXWords<XForm::Fp16Scaled>);
-#pragma unroll
-      for (int tile = 0; tile < kRingTiles; ++tile)
-        Weights::template accumulate<kHalves>(chunk_sums[tile], w[tile], u, x);
-    }
-    float inverse[kHalves][2];
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) inverse[h][i] = x_stage.scales[(h * 8 + 2 * q + i) * chunks + c];
-#pragma unroll
-    for (int tile = 0; tile < kRingTiles; ++tile) fold_chunk<kHalves>(acc[tile], chunk_sums[tile], inverse);
+    multiply_chunk<Weights, kHalves, kRingTiles>(acc, w, x_stage, c, g, q);
     copy_chunk(c + kRingDepth);  // into the stage just read
   }
 #pragma unroll
   for (int tile = 0; tile < kRingTiles; ++tile)
     store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
-  sum_item_splits<kRingGroupFeatures, kRows, kRingSumBatch, 4>(a, item, &last_block);
+  sum_item_splits<kRingGroupFeatures, kRows, kRingSumBatch, kRingSumSplitsInFlight>(a, item, &last_block);
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
@@ -1115,15 +1115,6 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
 // The ring kernel's shared memory is at most this (3 blocks of it fit an H200 SM's 227 KB).
 constexpr int64_t kRingMaxBytes = 74 * 1024;
 
-// QSPEC_RING_KERNEL=0 sends W4A16 to the register-held many-row kernel (an A/B switch).
-bool ring_kernel_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("QSPEC_RING_KERNEL");
-    return value == nullptr || std::string_view(value) != "0";
-  }();
-  return enabled;
-}
-
 template <typename Weights, int kHalves, bool kAlignedX>
 cudaError_t launch_ring_kernel(const MmaArgs& args, const Weights& weights, int64_t bytes,
                                cudaStream_t stream) {
@@ -1159,8 +1150,8 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
   const bool aligned_x = rows_aligned_to_float4(x);
   if constexpr (Weights::kRingCopies) {
     const int64_t bytes = RingLayout::bytes(kHalves * 8, split.chunks_per_split);
-    if (tuning.ring_kernel && tuning.grid_blocks == 0 && ring_kernel_enabled() &&
-        whole_chunk_loads(in_features) && weights.ring_aligned() && bytes <= kRingMaxBytes) {
+    if (tuning.ring_kernel && tuning.grid_blocks == 0 && whole_chunk_loads(in_features) &&
+        weights.ring_aligned() && bytes <= kRingMaxBytes) {
       MmaArgs ring_args = args;
       ring_args.items = (out_features + kRingGroupFeatures - 1) / kRingGroupFeatures * split.splits * passes;
       if (aligned_x) return launch_ring_kernel<Weights, kHalves, true>(ring_args, weights, bytes, stream);
