@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "cpu_op_testing.h"
@@ -144,11 +145,16 @@ TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
   for (int64_t n = 0; n < 70; ++n) EXPECT_EQ(all.get(3, n), one.get(0, n));
 }
 
-// A fused op's output against its ops' one by one: the same values, bit for bit.
-void expect_bitwise_equal(const TestTensor& fused, const TestTensor& two_ops) {
-  for (int64_t t = 0; t < fused.rows(); ++t)
-    for (int64_t n = 0; n < fused.cols(); ++n)
-      EXPECT_EQ(fused.get(t, n), two_ops.get(t, n)) << t << ", " << n;
+// A fused op's output against its ops' one by one: the same values, bit for bit (the first difference is
+// named).
+void expect_bitwise_equal(const TestTensor& fused, const TestTensor& ops, std::string_view what = "out") {
+  for (int64_t t = 0; t < ops.rows(); ++t)
+    for (int64_t n = 0; n < ops.cols(); ++n)
+      if (fused.get(t, n) != ops.get(t, n)) {
+        ADD_FAILURE() << what << " differs at (" << t << ", " << n << "): " << fused.get(t, n) << " vs "
+                      << ops.get(t, n);
+        return;
+      }
 }
 
 // The gated attention's output projection (Backend::sigmoid_gated_linear) is sigmoid_mul then linear: the
@@ -192,10 +198,6 @@ TEST(CpuLinear, AddRmsnormLinearIsTheNormThenTheLinears) {
   const TestTensor w_a = cpu_test::random_tensor(rng, DType::BF16, 40, 96),
                    w_b = cpu_test::random_tensor(rng, DType::F32, 8, 96);
   const LinearWeight a{40, 96, w_a.view(), {}, {}, 0}, b{8, 96, w_b.view(), {}, {}, 0};
-  auto expect_equal = [](const TestTensor& got, const TestTensor& want, const char* what) {
-    for (int64_t t = 0; t < want.rows(); ++t)
-      for (int64_t n = 0; n < want.cols(); ++n) ASSERT_EQ(got.get(t, n), want.get(t, n)) << what;
-  };
   for (bool residual : {true, false}) {
     SCOPED_TRACE(residual ? "x += delta" : "no delta");
     TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 96, -2, 2), x_ops(DType::F32, 3, 96);
@@ -212,10 +214,10 @@ TEST(CpuLinear, AddRmsnormLinearIsTheNormThenTheLinears) {
       backend->rmsnorm(normed_ops.view(), x_ops.view(), norm.view(), 1e-6f, true);
     backend->linear(ops_a.view(), normed_ops.view(), a);
     backend->linear(ops_b.view(), normed_ops.view(), b);
-    expect_equal(x, x_ops, "x");
-    expect_equal(normed, normed_ops, "normed");
-    expect_equal(out_a, ops_a, "projection 0");
-    expect_equal(out_b, ops_b, "projection 1");
+    expect_bitwise_equal(x, x_ops, "x");
+    expect_bitwise_equal(normed, normed_ops, "normed");
+    expect_bitwise_equal(out_a, ops_a, "projection 0");
+    expect_bitwise_equal(out_b, ops_b, "projection 1");
   }
 }
 
@@ -262,18 +264,14 @@ TEST(CpuLinear, GdnMixerLinearIsTheMixerThenTheLinear) {
                      qkvz.view(), x.view(), ops.conv_state.view(), ops.state.view(), weights, shape, 1e-6f,
                      true);
   backend->linear(ops.out.view(), ops.gated.view(), out_proj);
-  auto expect_equal = [](const TestTensor& got, const TestTensor& want, const char* what) {
-    for (int64_t t = 0; t < want.rows(); ++t)
-      for (int64_t n = 0; n < want.cols(); ++n) ASSERT_EQ(got.get(t, n), want.get(t, n)) << what;
-  };
-  expect_equal(fused.out, ops.out, "out");
-  expect_equal(fused.gated, ops.gated, "gated");
-  expect_equal(fused.conv_out, ops.conv_out, "conv_out");
-  expect_equal(fused.beta, ops.beta, "beta");
-  expect_equal(fused.g, ops.g, "g");
-  expect_equal(fused.core, ops.core, "core");
-  expect_equal(fused.conv_state, ops.conv_state, "conv state");
-  expect_equal(fused.state, ops.state, "recurrent state");
+  expect_bitwise_equal(fused.out, ops.out, "out");
+  expect_bitwise_equal(fused.gated, ops.gated, "gated");
+  expect_bitwise_equal(fused.conv_out, ops.conv_out, "conv_out");
+  expect_bitwise_equal(fused.beta, ops.beta, "beta");
+  expect_bitwise_equal(fused.g, ops.g, "g");
+  expect_bitwise_equal(fused.core, ops.core, "core");
+  expect_bitwise_equal(fused.conv_state, ops.conv_state, "conv state");
+  expect_bitwise_equal(fused.state, ops.state, "recurrent state");
 }
 
 }  // namespace
