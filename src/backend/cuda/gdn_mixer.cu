@@ -32,7 +32,8 @@ constexpr int kThreads = kWarps * kWarpSize;   // 320
 constexpr int kMaxTokens = gdn::kStageTokens;
 // gdn_mixer_linear runs the mixer's ops instead of this kernel only above kLinearMmaMaxRows rows (its cuBLAS
 // path), where this kernel never runs: the two give a layer the same values.
-static_assert(kMaxTokens <= kLinearMmaMaxRows, "the fused mixer's tokens within the tensor-core linears' rows");
+static_assert(kMaxTokens <= kLinearMmaMaxRows,
+              "the fused mixer's tokens within the tensor-core linears' rows");
 constexpr int kSlab = gdn::kSlabColumns;  // 32
 constexpr int kKernel = 4;                // the conv kernel size taken (Qwen3.5's)
 constexpr int kHistory = kKernel - 1;
