@@ -195,9 +195,34 @@ ab() {
   done
 }
 
+# On the GPU machine, carrying build-cuda/bundles.tgz: where each bundle's step graphs (decode, verify, draft,
+# commit, prefill 64) spend their time, node by node as the GPU runs them (graph_profile.h); the JSON lines
+# go to $OUT/graphs-BUNDLE.jsonl, the summaries to stdout.
+graphs() {
+  : "${OUT:?OUT must name the folder for results (set by the device tool)}"
+  tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
+  local target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
+  local bundles  # QSPEC_GRAPH_BUNDLES: some of them (names in the archive)
+  bundles=${QSPEC_GRAPH_BUNDLES:-$(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p')}
+  for bundle in $bundles; do
+    bundle=$BUILD/$bundle
+    local name
+    name=$(basename "$bundle")-$(tr -c 'a-z0-9\n' - <"$bundle/COMMIT")
+    export LD_LIBRARY_PATH="$PWD/$bundle:/usr/local/cuda/lib64"
+    [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
+    [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
+    QSPEC_GRAPH_PROFILE="$OUT/graphs-$name.jsonl" "$bundle/qspec" bench --model "$target" --backend cuda \
+      --draft-model "$drafter" --prefill 64 --repeats 3 --out /tmp/graphs-records >"$OUT/graphs-$name.log" 2>&1 ||
+      { echo "$name: qspec bench failed"; tail -5 "$OUT/graphs-$name.log"; }
+    echo "#### $name"
+    python3 scripts/graph_profile.py "$OUT/graphs-$name.jsonl"
+  done
+}
+
 case "${1:-}" in
   pack) pack ;;
   run) run_on_gpu ;;
+  graphs) graphs ;;
   record) record "${2:-}" ;;
   archive)
     shift
@@ -205,7 +230,7 @@ case "${1:-}" in
     ;;
   ab) ab ;;
   *)
-    echo "usage: scripts/gpu.sh pack | run | record FILES_AT | archive BUNDLE_DIR... | ab" >&2
+    echo "usage: scripts/gpu.sh pack | run | graphs | record FILES_AT | archive BUNDLE_DIR... | ab" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_graph.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_profile.h"
 
 namespace qspec::cuda {
 
@@ -42,7 +43,9 @@ std::unique_ptr<StepGraph> capture_graph(cudaStream_t stream, const std::functio
   check_cuda(cudaStreamEndCapture(stream, &owner.graph), "cudaStreamEndCapture");
   cudaGraphExec_t exec = nullptr;
   check_cuda(cudaGraphInstantiate(&exec, owner.graph, 0), "cudaGraphInstantiate");
-  return std::make_unique<CudaStepGraph>(exec, stream);
+  auto step = std::make_unique<CudaStepGraph>(exec, stream);
+  profile_graph_if_asked(owner.graph, stream);
+  return step;
 }
 
 }  // namespace qspec::cuda
