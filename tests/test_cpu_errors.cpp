@@ -24,27 +24,27 @@ TEST_F(CpuErrors, Linear) {
   TestTensor x_bf16(DType::BF16, 2, 16), w_i32(DType::I32, 4, 16);
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 24, w.view(), {}, {}, 0});
+        backend->linear(out.view(), x.view(), {4, 24, w.view(), {}, {}, 0, {}});
       },
       {"linear", "16 columns", "in_features 24"});
   expect_error(
       [&] {
-        backend->linear(f32(3, 4).view(), x.view(), {4, 16, w.view(), {}, {}, 0});
+        backend->linear(f32(3, 4).view(), x.view(), {4, 16, w.view(), {}, {}, 0, {}});
       },
       {"linear", "out", "[3, 4]", "[2, 4]"});
   expect_error(
       [&] {
-        backend->linear(out.view(), x_bf16.view(), {4, 16, w.view(), {}, {}, 0});
+        backend->linear(out.view(), x_bf16.view(), {4, 16, w.view(), {}, {}, 0, {}});
       },
       {"linear", "x must be F32, got BF16"});
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 16, w_i32.view(), {}, {}, 0});
+        backend->linear(out.view(), x.view(), {4, 16, w_i32.view(), {}, {}, 0, {}});
       },
       {"linear", "weight", "BF16, F16 or F32, got I32"});
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 16, w.view().rows_view(0, 3), {}, {}, 0});
+        backend->linear(out.view(), x.view(), {4, 16, w.view().rows_view(0, 3), {}, {}, 0, {}});
       },
       {"linear", "weight", "[3, 16]", "[4, 16]"});
 }
@@ -53,7 +53,7 @@ TEST_F(CpuErrors, Linear) {
 // from gate_up and out, out apart from gate_up (a one-row CUDA kernel reads gate_up while others write out).
 TEST_F(CpuErrors, SiluGatedLinear) {
   TestTensor out = f32(2, 16), gate_up = f32(2, 16), act = f32(2, 8), w_down(DType::BF16, 16, 8);
-  const LinearWeight down{16, 8, w_down.view(), {}, {}, 0};
+  const LinearWeight down{16, 8, w_down.view(), {}, {}, 0, {}};
   expect_error([&] { backend->silu_gated_linear(out.view(), f32(2, 12).view(), act.view(), down); },
                {"silu_gated_linear", "gate_up", "[2, 12]", "[2, 16]"});
   expect_error([&] { backend->silu_gated_linear(out.view(), gate_up.view(), f32(2, 7).view(), down); },
@@ -75,7 +75,7 @@ TEST_F(CpuErrors, SiluGatedLinear) {
 // The gated attention's output projection: gate shaped as x, out as x W^T and apart from both.
 TEST_F(CpuErrors, SigmoidGatedLinear) {
   TestTensor x = f32(2, 16), gate = f32(2, 16), out = f32(2, 4), w(DType::BF16, 4, 16);
-  const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
+  const LinearWeight weight{4, 16, w.view(), {}, {}, 0, {}};
   expect_error([&] { backend->sigmoid_gated_linear(out.view(), x.view(), f32(2, 15).view(), weight); },
                {"sigmoid_gated_linear", "gate", "[2, 15]", "[2, 16]"});
   expect_error([&] { backend->sigmoid_gated_linear(f32(2, 5).view(), x.view(), gate.view(), weight); },
@@ -93,28 +93,29 @@ TEST_F(CpuErrors, LinearW4A16) {
   TestTensor packed(DType::I32, 4, 8), scales(DType::BF16, 4, 2), packed_f32 = f32(4, 8);
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view(), scales.view(), 0});
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view(), scales.view(), 0, {}});
       },
       {"linear", "group_size"});
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view(), scales.view(), 64});
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view(), scales.view(), 64, {}});
       },
       {"linear", "scales", "[4, 2]", "[4, 1]"});
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 64, {}, packed_f32.view(), scales.view(), 32});
+        backend->linear(out.view(), x.view(), {4, 64, {}, packed_f32.view(), scales.view(), 32, {}});
       },
       {"linear", "packed weight must be I32, got F32"});
   expect_error(
       [&] {
-        backend->linear(out.view(), x.view(), {4, 64, {}, packed.view().cols_view(0, 7), scales.view(), 32});
+        backend->linear(out.view(), x.view(),
+                        {4, 64, {}, packed.view().cols_view(0, 7), scales.view(), 32, {}});
       },
       {"linear", "packed weight", "[4, 7]", "[4, 8]"});
   TestTensor x_odd = f32(2, 60);
   expect_error(
       [&] {
-        backend->linear(out.view(), x_odd.view(), {4, 60, {}, packed.view(), scales.view(), 30});
+        backend->linear(out.view(), x_odd.view(), {4, 60, {}, packed.view(), scales.view(), 30, {}});
       },
       {"linear", "in_features 60", "multiple of 8"});
 }
@@ -172,7 +173,7 @@ TEST_F(CpuErrors, Norms) {
 TEST_F(CpuErrors, AddRmsnormLinear) {
   TestTensor x = f32(2, 16), delta = f32(2, 16), normed = f32(2, 16), out = f32(2, 4), norm = f32(1, 16);
   TestTensor w(DType::BF16, 4, 16);
-  const LinearWeight weight{4, 16, w.view(), {}, {}, 0};
+  const LinearWeight weight{4, 16, w.view(), {}, {}, 0, {}};
   auto call = [&](const Tensor& projection_out, const Tensor& normed_rows, const Tensor& d) {
     const std::vector<LinearProjection> projections = {{projection_out, weight}};
     backend->add_rmsnorm_linear(projections, normed_rows, NormedRows::Scratch, x.view(), d, norm.view(),
@@ -226,7 +227,7 @@ TEST_F(CpuErrors, Conv1dAndGates) {
       {"gdn_gates", "a_log", "[1, 5]", "[1, 4]"});
   // gdn_gates_linear: a projection with other heads than beta / g, then the gates' own weights.
   TestTensor hidden = f32(3, 16), w_b = TestTensor(DType::BF16, 4, 16), w_a5 = TestTensor(DType::BF16, 5, 16);
-  const LinearWeight b_weight{4, 16, w_b.view(), {}, {}, 0}, a_weight{5, 16, w_a5.view(), {}, {}, 0};
+  const LinearWeight b_weight{4, 16, w_b.view(), {}, {}, 0, {}}, a_weight{5, 16, w_a5.view(), {}, {}, 0, {}};
   expect_error(
       [&] {
         backend->gdn_gates_linear(beta.view(), g.view(), hidden.view(), b_weight, a_weight, bias.view(),
@@ -281,7 +282,7 @@ TEST_F(CpuErrors, GdnMixer) {
              g = f32(3, 4), core = f32(3, 16), conv_state = f32(48, 3), state = f32(32, 4);
   TestTensor conv_weight(DType::BF16, 48, 4), w_b(DType::BF16, 4, 16), a_log = f32(1, 4), norm = f32(1, 4);
   TestTensor norm_odd = f32(1, 3);
-  const LinearWeight gate{4, 16, w_b.view(), {}, {}, 0};
+  const LinearWeight gate{4, 16, w_b.view(), {}, {}, 0, {}};
   auto mixer = [&](const Tensor& qkvz_view, const Tensor& state_view, const Tensor& norm_view) {
     backend->gdn_mixer(out.view(), conv_out.view(), beta.view(), g.view(), core.view(), qkvz_view, x.view(),
                        conv_state.view(), state_view,
@@ -318,7 +319,7 @@ TEST_F(CpuErrors, GdnMixerLinear) {
              g = f32(3, 4), core = f32(3, 16), conv_state = f32(48, 3), state = f32(32, 4), out = f32(3, 8);
   TestTensor conv_weight(DType::BF16, 48, 4), w_b(DType::BF16, 4, 16), a_log = f32(1, 4), norm = f32(1, 4);
   TestTensor w_out(DType::BF16, 8, 16);
-  const LinearWeight gate{4, 16, w_b.view(), {}, {}, 0}, out_proj{8, 16, w_out.view(), {}, {}, 0};
+  const LinearWeight gate{4, 16, w_b.view(), {}, {}, 0, {}}, out_proj{8, 16, w_out.view(), {}, {}, 0, {}};
   const GdnMixerWeights weights{conv_weight.view(), gate, gate, a_log.view(), a_log.view(), norm.view()};
   auto call = [&](const Tensor& projection_out, const Tensor& gated_rows) {
     backend->gdn_mixer_linear({projection_out, out_proj}, gated_rows, conv_out.view(), beta.view(), g.view(),

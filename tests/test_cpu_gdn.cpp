@@ -127,8 +127,8 @@ TEST(CpuGdnGates, LinearFormIsProjectionsThenGates) {
   TestTensor x = cpu_test::random_tensor(rng, DType::F32, tokens, hidden, -1, 1);
   TestTensor w_b = cpu_test::random_tensor(rng, DType::BF16, heads, hidden, -0.3, 0.3);
   TestTensor w_a = cpu_test::random_tensor(rng, DType::BF16, heads, hidden, -0.3, 0.3);
-  const LinearWeight b_weight{heads, hidden, w_b.view(), {}, {}, 0};
-  const LinearWeight a_weight{heads, hidden, w_a.view(), {}, {}, 0};
+  const LinearWeight b_weight{heads, hidden, w_b.view(), {}, {}, 0, {}};
+  const LinearWeight a_weight{heads, hidden, w_a.view(), {}, {}, 0, {}};
   TestTensor a_log = cpu_test::random_tensor(rng, DType::F32, 1, heads, -3, 1);
   TestTensor dt_bias = cpu_test::random_tensor(rng, DType::BF16, 1, heads, -1, 1);
 

@@ -55,7 +55,7 @@ TEST_P(CpuLinearDense, MatchesDoubleReference) {
     TestTensor x = cpu_test::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.x_stride);
     TestTensor w = cpu_test::random_tensor(rng, GetParam(), c.out_features, c.in_features);
     TestTensor out(DType::F32, c.tokens, c.out_features);
-    LinearWeight weight{c.out_features, c.in_features, w.view(), {}, {}, 0};
+    LinearWeight weight{c.out_features, c.in_features, w.view(), {}, {}, 0, {}};
     backend->linear(out.view(), x.view(), weight);
     Reference want(c.tokens, c.out_features), bound(c.tokens, c.out_features);
     reference_linear(
@@ -105,7 +105,7 @@ TEST(CpuLinear, W4A16MatchesDequantizedDoubleReference) {
     TestTensor x =
         cpu_test::random_tensor(rng, DType::F32, c.tokens, c.in_features, -1, 1, c.in_features + 3);
     TestTensor out(DType::F32, c.tokens, c.out_features);
-    LinearWeight weight{c.out_features, c.in_features, {}, packed.view(), scales.view(), c.group_size};
+    LinearWeight weight{c.out_features, c.in_features, {}, packed.view(), scales.view(), c.group_size, {}};
     backend->linear(out.view(), x.view(), weight);
     Reference want(c.tokens, c.out_features), bound(c.tokens, c.out_features);
     auto dequantized = [&](int64_t n, int64_t k) {
@@ -127,7 +127,7 @@ TEST(CpuLinear, W4A16NibbleOrderIsLowestFirst) {
     TestTensor x(DType::F32, 1, 8);
     for (int64_t i = 0; i < 8; ++i) x.set(0, i, i == k ? 1.0 : 0.0);
     TestTensor out(DType::F32, 1, 1);
-    backend->linear(out.view(), x.view(), LinearWeight{1, 8, {}, packed.view(), scales.view(), 8});
+    backend->linear(out.view(), x.view(), LinearWeight{1, 8, {}, packed.view(), scales.view(), 8, {}});
     EXPECT_EQ(out.get(0, 0), static_cast<double>(k) - 8.0) << "k " << k;
   }
 }
@@ -138,7 +138,7 @@ TEST(CpuLinear, ResultDoesNotDependOnThreadSplit) {
   auto backend = make_cpu_backend();
   TestTensor x = cpu_test::random_tensor(rng, DType::F32, 5, 300);
   TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 70, 300);
-  LinearWeight weight{70, 300, w.view(), {}, {}, 0};
+  LinearWeight weight{70, 300, w.view(), {}, {}, 0, {}};
   TestTensor all(DType::F32, 5, 70), one(DType::F32, 1, 70);
   backend->linear(all.view(), x.view(), weight);
   backend->linear(one.view(), x.view().rows_view(3, 1), weight);
@@ -165,7 +165,7 @@ TEST(CpuLinear, SigmoidGatedLinearIsSigmoidMulThenLinear) {
   TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 96),
              gate = cpu_test::random_tensor(rng, DType::F32, 3, 96);
   TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 40, 96);
-  const LinearWeight weight{40, 96, w.view(), {}, {}, 0};
+  const LinearWeight weight{40, 96, w.view(), {}, {}, 0, {}};
   TestTensor gated(DType::F32, 3, 96), fused(DType::F32, 3, 40), two_ops(DType::F32, 3, 40);
   backend->sigmoid_mul(gated.view(), x.view(), gate.view());
   backend->linear(two_ops.view(), gated.view(), weight);
@@ -180,7 +180,7 @@ TEST(CpuLinear, SiluGatedLinearIsSiluMulThenLinear) {
   auto backend = make_cpu_backend();
   TestTensor gate_up = cpu_test::random_tensor(rng, DType::F32, 3, 192);
   TestTensor w = cpu_test::random_tensor(rng, DType::BF16, 40, 96);
-  const LinearWeight weight{40, 96, w.view(), {}, {}, 0};
+  const LinearWeight weight{40, 96, w.view(), {}, {}, 0, {}};
   TestTensor act(DType::F32, 3, 96), gated(DType::F32, 3, 96), fused(DType::F32, 3, 40),
       two_ops(DType::F32, 3, 40);
   backend->silu_mul(gated.view(), gate_up.view().cols_view(0, 96), gate_up.view().cols_view(96, 96));
@@ -197,7 +197,7 @@ TEST(CpuLinear, AddRmsnormLinearIsTheNormThenTheLinears) {
   const TestTensor norm = cpu_test::random_tensor(rng, DType::BF16, 1, 96, -0.5, 0.5);
   const TestTensor w_a = cpu_test::random_tensor(rng, DType::BF16, 40, 96),
                    w_b = cpu_test::random_tensor(rng, DType::F32, 8, 96);
-  const LinearWeight a{40, 96, w_a.view(), {}, {}, 0}, b{8, 96, w_b.view(), {}, {}, 0};
+  const LinearWeight a{40, 96, w_a.view(), {}, {}, 0, {}}, b{8, 96, w_b.view(), {}, {}, 0, {}};
   for (bool residual : {true, false}) {
     SCOPED_TRACE(residual ? "x += delta" : "no delta");
     TestTensor x = cpu_test::random_tensor(rng, DType::F32, 3, 96, -2, 2), x_ops(DType::F32, 3, 96);
@@ -238,12 +238,12 @@ TEST(CpuLinear, GdnMixerLinearIsTheMixerThenTheLinear) {
                    norm = cpu_test::random_tensor(rng, DType::BF16, 1, 4, 0.5, 1.5),
                    w_out = cpu_test::random_tensor(rng, DType::BF16, kHidden, kValues);
   const GdnMixerWeights weights{conv_weight.view(),
-                                {4, kHidden, w_b.view(), {}, {}, 0},
-                                {4, kHidden, w_a.view(), {}, {}, 0},
+                                {4, kHidden, w_b.view(), {}, {}, 0, {}},
+                                {4, kHidden, w_a.view(), {}, {}, 0, {}},
                                 a_log.view(),
                                 dt_bias.view(),
                                 norm.view()};
-  const LinearWeight out_proj{kHidden, kValues, w_out.view(), {}, {}, 0};
+  const LinearWeight out_proj{kHidden, kValues, w_out.view(), {}, {}, 0, {}};
   // One call's outputs and states (the states start alike).
   struct Run {
     TestTensor out{DType::F32, kTokens, kHidden}, gated{DType::F32, kTokens, kValues},

@@ -106,6 +106,13 @@ class Backend {
   virtual Tensor upload_packed_int4(const TensorView& view, int64_t rows, int64_t words) {
     return upload_weight(view, rows, words);
   }
+  // A W4A16 weight's BF16 copy for LinearWeight::dequantized, or null where the backend has no use for one
+  // or declines the memory (CUDA: qspec keeps them for prefill's products unless QSPEC_KEEP_DEQUANTIZED=0 or
+  // memory is short; cuda_backend.cpp).
+  virtual std::unique_ptr<Buffer> dequantized_copy(const LinearWeight& w) {
+    static_cast<void>(w);
+    return nullptr;
+  }
   // Checkpoint-order packed words into rows of a tensor made by alloc (stacked modules), as above.
   virtual void write_packed_int4(const Tensor& dst, const void* host) { write(dst, host); }
   virtual void write(const Tensor& dst,

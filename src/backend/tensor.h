@@ -69,6 +69,9 @@ struct LinearWeight {
   Tensor packed;  // I32 [N, K/8]
   Tensor scales;  // BF16/F16 [N, K/group_size]
   int group_size = 0;
+  // Optional, W4A16 only: the weight dequantized to BF16 [N, K] (Backend::dequantized_copy), read by products
+  // of many rows of x instead of dequantizing again; the same values as the dequantization makes.
+  Tensor dequantized;
 
   bool quantized() const { return !packed.empty(); }
 };

@@ -275,6 +275,7 @@ void run_bench(const BenchArgs& args) {
       {"model", args.model_dir},
       {"architecture", c.architecture},
       {"weight_bytes", weight_bytes},
+      {"dequantized_copy_bytes", model.dequantized_bytes()},
       {"bandwidth_limit_gbs", args.bandwidth_gbs},
       {"context", args.context},
       {"repeats", args.repeats},
@@ -289,11 +290,12 @@ void run_bench(const BenchArgs& args) {
              weight_bytes / 1e9, args.bandwidth_gbs);
   if (in_use_with_state >= 0)
     fmt::print(
-        "memory: weights {:.3f} GB, state for {} tokens {:.3f} GB (KV, GDN, pending verify rows); device in "
-        "use "
-        "{:.3f} GB with weights and state, {:.3f} GB after the steps (workspaces {:.3f} GB)\n",
-        weight_bytes / 1e9, state->max_context, state_allocated / 1e9, double(in_use_with_state) / 1e9,
-        double(in_use_after_steps) / 1e9, double(in_use_after_steps - in_use_with_state) / 1e9);
+        "memory: weights {:.3f} GB (+ {:.3f} GB of BF16 copies for prefill), state for {} tokens {:.3f} GB "
+        "(KV, GDN, pending verify rows); device in use {:.3f} GB with weights and state, {:.3f} GB after the "
+        "steps (workspaces {:.3f} GB)\n",
+        weight_bytes / 1e9, double(model.dequantized_bytes()) / 1e9, state->max_context,
+        state_allocated / 1e9, double(in_use_with_state) / 1e9, double(in_use_after_steps) / 1e9,
+        double(in_use_after_steps - in_use_with_state) / 1e9);
   fmt::print("{:<14} {:>7} {:>11} {:>11} {:>10} {:>9} {:>10}\n", "step", "tokens", "median ms", "limit ms",
              "GB/s", "% limit", "tok/s");
   for (const StepResult& r : results) {

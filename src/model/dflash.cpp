@@ -17,14 +17,14 @@ namespace {
 DFlashWeights load_weights(const DFlashConfig& c, const TensorStore& store, Backend& backend) {
   const int64_t H = c.hidden_size, FF = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  DFlashWeights w;
   auto linear = [&](const std::string& module, int64_t out_features, int64_t in_features) {
     return upload_linear(backend, c.find_linear(store, module, out_features, in_features), out_features,
-                         in_features);
+                         in_features, w.stacked_storage);
   };
   auto vector = [&](const std::string& name, int64_t length) {
     return upload_vector(backend, store, name, length);
   };
-  DFlashWeights w;
   auto stacked = [&](const std::vector<std::pair<std::string, int64_t>>& modules) {
     std::vector<LinearTensors> found;
     std::vector<int64_t> out_features;

@@ -33,7 +33,7 @@ struct DFlashWeights {
   Tensor hidden_norm;
   std::vector<DFlashLayer> layers;
   Tensor final_norm;
-  std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights
+  std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights, the BF16 copies
 };
 
 // The drafter's side of a sequence: per layer the K/V of every context token at its position (rows

@@ -18,9 +18,10 @@ namespace qspec {
 namespace {
 
 LinearWeight linear_weight(Backend& backend, const Qwen35Config& config, const TensorStore& store,
-                           const std::string& module, int64_t out_features, int64_t in_features) {
+                           const std::string& module, int64_t out_features, int64_t in_features,
+                           std::vector<std::unique_ptr<Buffer>>& storage) {
   return upload_linear(backend, find_linear(config, store, module, out_features, in_features), out_features,
-                       in_features);
+                       in_features, storage);
 }
 
 // Modules of one layer that read the same input, as one StackedLinear.
@@ -50,7 +51,7 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
     w.lm_head.in_features = H;
     w.lm_head.weight = w.embed;
   } else {
-    w.lm_head = linear_weight(backend, c, store, std::string(kLmHeadModule), V, H);
+    w.lm_head = linear_weight(backend, c, store, std::string(kLmHeadModule), V, H, w.stacked_storage);
   }
 
   const int64_t conv_dim = c.conv_dim(), value_dim = c.linear_value_dim(), nv = c.linear_num_value_heads;
@@ -66,13 +67,16 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
       return stacked_weight(backend, c, store, modules, H, w.stacked_storage);
     };
     layer.mlp_gate_up = stacked({{name("mlp.gate_proj"), FF}, {name("mlp.up_proj"), FF}});
-    layer.mlp_down = linear_weight(backend, c, store, name("mlp.down_proj"), H, FF);
+    layer.mlp_down = linear_weight(backend, c, store, name("mlp.down_proj"), H, FF, w.stacked_storage);
     if (layer.type == LayerType::LinearAttention) {
       layer.in_proj_qkvz =
           stacked({{name("linear_attn.in_proj_qkv"), conv_dim}, {name("linear_attn.in_proj_z"), value_dim}});
-      layer.in_proj_b = linear_weight(backend, c, store, name("linear_attn.in_proj_b"), nv, H);
-      layer.in_proj_a = linear_weight(backend, c, store, name("linear_attn.in_proj_a"), nv, H);
-      layer.out_proj = linear_weight(backend, c, store, name("linear_attn.out_proj"), H, value_dim);
+      layer.in_proj_b =
+          linear_weight(backend, c, store, name("linear_attn.in_proj_b"), nv, H, w.stacked_storage);
+      layer.in_proj_a =
+          linear_weight(backend, c, store, name("linear_attn.in_proj_a"), nv, H, w.stacked_storage);
+      layer.out_proj =
+          linear_weight(backend, c, store, name("linear_attn.out_proj"), H, value_dim, w.stacked_storage);
       layer.conv_weight =
           backend.upload_weight(store.get(name("linear_attn.conv1d.weight")), conv_dim, c.conv_kernel);
       layer.dt_bias = upload_vector(backend, store, name("linear_attn.dt_bias"), nv);
@@ -83,7 +87,7 @@ Qwen35Weights load_weights(const Qwen35Config& c, const TensorStore& store, Back
       layer.qkv_proj = stacked({{name("self_attn.q_proj"), 2 * q_dim},
                                 {name("self_attn.k_proj"), kv_dim},
                                 {name("self_attn.v_proj"), kv_dim}});
-      layer.o_proj = linear_weight(backend, c, store, name("self_attn.o_proj"), H, q_dim);
+      layer.o_proj = linear_weight(backend, c, store, name("self_attn.o_proj"), H, q_dim, w.stacked_storage);
       layer.q_norm = upload_vector(backend, store, name("self_attn.q_norm.weight"), c.head_dim);
       layer.k_norm = upload_vector(backend, store, name("self_attn.k_norm.weight"), c.head_dim);
     }
@@ -127,6 +131,25 @@ Qwen35Model::Qwen35Model(Qwen35Config config, const TensorStore& store, Backend&
       graphs_(backend, kMaxStepGraphs) {}
 
 Qwen35Model::~Qwen35Model() = default;
+
+int64_t Qwen35Model::dequantized_bytes() const {
+  int64_t bytes = 0;
+  auto add = [&](const LinearWeight& w) {
+    if (!w.dequantized.empty())
+      bytes += w.dequantized.numel() * static_cast<int64_t>(dtype_size(w.dequantized.dtype));
+  };
+  auto add_stacked = [&](const StackedLinear& s) { std::for_each(s.parts.begin(), s.parts.end(), add); };
+  add(weights_.lm_head);
+  for (const Qwen35Layer& layer : weights_.layers) {
+    add_stacked(layer.mlp_gate_up);
+    add_stacked(layer.in_proj_qkvz);
+    add_stacked(layer.qkv_proj);
+    for (const LinearWeight* w :
+         {&layer.mlp_down, &layer.in_proj_b, &layer.in_proj_a, &layer.out_proj, &layer.o_proj})
+      add(*w);
+  }
+  return bytes;
+}
 
 std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) {
   const Qwen35Config& c = config_;

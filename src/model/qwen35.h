@@ -44,7 +44,7 @@ struct Qwen35Weights {
   Tensor final_norm;
   LinearWeight lm_head;  // the embedding when tied
   std::vector<Qwen35Layer> layers;
-  std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights
+  std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights, the BF16 copies
 };
 
 // Everything a sequence carries between steps: per attention layer the KV cache, per GDN layer the conv and
@@ -88,6 +88,8 @@ class Qwen35Model {
   ~Qwen35Model();
 
   const Qwen35Config& config() const { return config_; }
+  // Device bytes of the W4A16 weights' BF16 copies (LinearWeight::dequantized), 0 where there are none.
+  int64_t dequantized_bytes() const;
   Backend& backend() const { return backend_; }
 
   std::unique_ptr<Qwen35State> new_state(int max_context);

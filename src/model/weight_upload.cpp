@@ -15,8 +15,20 @@ Tensor upload_vector(Backend& backend, const TensorStore& store, const std::stri
   return backend.upload_weight(view, 1, length);
 }
 
+namespace {
+
+void keep_dequantized(Backend& backend, LinearWeight& w, std::vector<std::unique_ptr<Buffer>>& storage) {
+  if (!w.quantized()) return;
+  if (std::unique_ptr<Buffer> copy = backend.dequantized_copy(w)) {
+    w.dequantized = copy->tensor();
+    storage.push_back(std::move(copy));
+  }
+}
+
+}  // namespace
+
 LinearWeight upload_linear(Backend& backend, const LinearTensors& found, int64_t out_features,
-                           int64_t in_features) {
+                           int64_t in_features, std::vector<std::unique_ptr<Buffer>>& storage) {
   LinearWeight w;
   w.out_features = out_features;
   w.in_features = in_features;
@@ -26,6 +38,7 @@ LinearWeight upload_linear(Backend& backend, const LinearTensors& found, int64_t
     w.packed = backend.upload_packed_int4(*found.packed, out_features, in_features / 8);
     w.scales = backend.upload_weight(*found.scales, out_features, in_features / found.group_size);
     w.group_size = found.group_size;
+    keep_dequantized(backend, w, storage);
   }
   return w;
 }
@@ -71,7 +84,7 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
   });
   if (!one_format || modules.size() == 1) {
     for (size_t i = 0; i < modules.size(); ++i)
-      stacked.parts.push_back(upload_linear(backend, modules[i], out_features[i], in_features));
+      stacked.parts.push_back(upload_linear(backend, modules[i], out_features[i], in_features, storage));
     return stacked;
   }
   LinearWeight w;
@@ -92,6 +105,7 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
     w.scales = stack_rows(backend, scales, out_features,
                           (in_features + first.group_size - 1) / first.group_size, storage);
     w.group_size = first.group_size;
+    keep_dequantized(backend, w, storage);
   }
   stacked.parts.push_back(w);
   return stacked;
@@ -112,6 +126,7 @@ StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t
     if (w.quantized()) {
       w.packed = w.packed.rows_view(begin, part.out_features);
       w.scales = w.scales.rows_view(begin, part.out_features);
+      if (!w.dequantized.empty()) w.dequantized = w.dequantized.rows_view(begin, part.out_features);
     } else {
       w.weight = w.weight.rows_view(begin, part.out_features);
     }

@@ -15,9 +15,10 @@ namespace qspec {
 // A 1-D tensor of `length` elements as a [1, length] weight; throws Error naming the tensor otherwise.
 Tensor upload_vector(Backend& backend, const TensorStore& store, const std::string& name, int64_t length);
 
-// A Linear module found by find_linear (dense or W4A16) as a LinearWeight [out_features, in_features].
+// A Linear module found by find_linear (dense or W4A16) as a LinearWeight [out_features, in_features]; a
+// W4A16 weight's BF16 copy (Backend::dequantized_copy), if the backend makes one, is appended to `storage`.
 LinearWeight upload_linear(Backend& backend, const LinearTensors& found, int64_t out_features,
-                           int64_t in_features);
+                           int64_t in_features, std::vector<std::unique_ptr<Buffer>>& storage);
 
 // Linear modules that read the same input, computed as one: their weights stacked along out_features when
 // they share a format (one weight read and one launch instead of several), else kept apart. Module i's
@@ -28,7 +29,7 @@ struct StackedLinear {
   int64_t out_features = 0;
 };
 
-// The stacked weights live in buffers appended to `storage`.
+// The stacked weights (and BF16 copies, as upload_linear's) live in buffers appended to `storage`.
 StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTensors> modules,
                                     std::span<const int64_t> out_features, int64_t in_features,
                                     std::vector<std::unique_ptr<Buffer>>& storage);

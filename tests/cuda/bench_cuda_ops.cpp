@@ -144,7 +144,8 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
                          {},
                          bench.weight(DType::I32, n, k / 8, 0, 0),
                          bench.weight(DType::BF16, n, k / 32, 0.002f, 0.02f),
-                         32});
+                         32,
+                         {}});
     const int64_t chunks = (k + 127) / 128;
     for (int64_t rows : {1, 16}) {
       const Tensor x = bench.activation(rows, k, -1, 1);
@@ -229,7 +230,8 @@ int run(const char* out_path) {
                          {},
                          bench.weight(DType::I32, n, k / 8, 0, 0),
                          bench.weight(DType::BF16, n, k / group, 0.002f, 0.02f),
-                         static_cast<int>(group)});
+                         static_cast<int>(group),
+                         {}});
     for (int64_t rows : {1, 16}) {
       const Tensor x = bench.activation(rows, k, -1, 1);
       const Tensor out = bench.activation(rows, n, -1, 1);
@@ -245,7 +247,7 @@ int run(const char* out_path) {
   // Dense BF16 linear [32768, 2560] (168 MB; the LM head's shape with fewer rows).
   {
     constexpr int64_t kN = 32768, kK = 2560;
-    const LinearWeight w{kN, kK, bench.weight(DType::BF16, kN, kK, -0.05f, 0.05f), {}, {}, 0};
+    const LinearWeight w{kN, kK, bench.weight(DType::BF16, kN, kK, -0.05f, 0.05f), {}, {}, 0, {}};
     for (int64_t rows : {1, 16}) {
       const Tensor x = bench.activation(rows, kK, -1, 1);
       const Tensor out = bench.activation(rows, kN, -1, 1);
@@ -396,14 +398,15 @@ int run(const char* out_path) {
           PrefillLinear{"down", kHidden, kFf}}) {
       const Tensor x = bench.activation(kRows, shape.k, -1, 1);
       const Tensor out = bench.activation(kRows, shape.n, -1, 1);
-      const LinearWeight bf16{shape.n, shape.k, bench.weight(DType::BF16, shape.n, shape.k, -0.05f, 0.05f),
-                              {},      {},      0};
+      const LinearWeight bf16{
+          shape.n, shape.k, bench.weight(DType::BF16, shape.n, shape.k, -0.05f, 0.05f), {}, {}, 0, {}};
       const LinearWeight w4a16{shape.n,
                                shape.k,
                                {},
                                bench.weight(DType::I32, shape.n, shape.k / 8, 0, 0),
                                bench.weight(DType::BF16, shape.n, shape.k / 32, 0.002f, 0.02f),
-                               32};
+                               32,
+                               {}};
       const double flop = 2.0 * static_cast<double>(kRows * shape.n * shape.k);
       for (const LinearWeight* w : {&bf16, &w4a16}) {
         const double seconds = bench.time([&] { backend->linear(out, x, *w); });

@@ -259,14 +259,14 @@ TEST(CudaOps, LinearDense) {
   };
   for (const Case& c : cases) {
     const WeightPair weight = b.weight(c.dtype, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
-    LinearWeight cpu_weight{c.n, c.k, weight.cpu, {}, {}, 0};
-    LinearWeight gpu_weight{c.n, c.k, weight.gpu, {}, {}, 0};
+    LinearWeight cpu_weight{c.n, c.k, weight.cpu, {}, {}, 0, {}};
+    LinearWeight gpu_weight{c.n, c.k, weight.gpu, {}, {}, 0, {}};
     check_linear(fmt::format("linear dense {}", dtype_label(c.dtype)), cpu_weight, gpu_weight, c.rows, rng);
   }
   // x as a strided view (16-byte aligned rows) and as a misaligned one (element-wise x loads).
   const WeightPair weight = b.weight(DType::BF16, 512, 2560, random_floats(rng, 512 * 2560, -0.05f, 0.05f));
-  const LinearWeight cpu_weight{512, 2560, weight.cpu, {}, {}, 0};
-  const LinearWeight gpu_weight{512, 2560, weight.gpu, {}, {}, 0};
+  const LinearWeight cpu_weight{512, 2560, weight.cpu, {}, {}, 0, {}};
+  const LinearWeight gpu_weight{512, 2560, weight.gpu, {}, {}, 0, {}};
   const TensorPair wide = b.activation(5, 2576, random_floats(rng, 5 * 2576, -1.0f, 1.0f));
   for (int64_t offset : {4, 1}) {
     TensorPair out = b.poisoned(5, 512);
@@ -354,8 +354,8 @@ TEST(CudaOps, LinearW4A16) {
     const WeightPair packed = b.packed_int4(c.n, c.k / 8, std::move(packed_bytes));
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
-    const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
-    const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
+    const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group, {}};
+    const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group, {}};
     check_linear(fmt::format("linear W4A16 g{} {} scales", c.group, dtype_label(c.scale_dtype)), cpu_weight,
                  gpu_weight, c.rows, rng);
   }
@@ -379,8 +379,8 @@ TEST(CudaOps, LinearW4A16XOfAnyRange) {
       const int64_t groups = (k + group - 1) / group;
       const WeightPair scales =
           b.weight(DType::BF16, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f));
-      const LinearWeight cpu_weight{n, k, {}, packed.cpu, scales.cpu, group};
-      const LinearWeight gpu_weight{n, k, {}, packed.gpu, scales.gpu, group};
+      const LinearWeight cpu_weight{n, k, {}, packed.cpu, scales.cpu, group, {}};
+      const LinearWeight gpu_weight{n, k, {}, packed.gpu, scales.gpu, group, {}};
       for (const Case& c : {Case{1, 60, 60}, Case{1, -60, -60}, Case{3, -60, 60}, Case{16, -60, 60}}) {
         auto row_exponent = [&](int r) {
           return c.rows == 1 ? c.lowest : c.lowest + (c.highest - c.lowest) * r / (c.rows - 1);
@@ -497,8 +497,8 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
     const WeightPair packed = random_packed_int4(rng, c.n, c.k);
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
-    const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group};
-    const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
+    const LinearWeight cpu_weight{c.n, c.k, {}, packed.cpu, scales.cpu, c.group, {}};
+    const LinearWeight gpu_weight{c.n, c.k, {}, packed.gpu, scales.gpu, c.group, {}};
     for (int rows : {129, 300}) {
       const TensorPair x = b.activation(rows, c.k, random_floats(rng, rows * c.k, -1.0f, 1.0f));
       const std::string label = fmt::format("linear W4A16 g{} {} scales M={} N={} K={}", c.group,
@@ -531,7 +531,7 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
   };
   for (const Case& c : {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32},
                         Case{1000, 2624, 32}, Case{2560, 9216, 0}}) {
-    LinearWeight w{c.n, c.k, {}, {}, {}, c.group};
+    LinearWeight w{c.n, c.k, {}, {}, {}, c.group, {}};
     WeightPair weight, packed, scales;
     if (c.group == 0) {
       weight = b.weight(DType::BF16, c.n, c.k, random_floats(rng, c.n * c.k, -0.05f, 0.05f));
@@ -599,7 +599,7 @@ TEST(CudaOps, LinearRowsIndependentOfRowHalves) {
   const int64_t n = 9216, k = 2560;
   const WeightPair packed = random_packed_int4(rng, n, k);
   const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
-  const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32};
+  const LinearWeight quantized{n, k, {}, packed.gpu, scales.gpu, 32, {}};
   for (int64_t rows : {8, 9, 16}) {
     const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
     TensorPair together = b.poisoned(rows, n), alone = b.poisoned(rows, n);
@@ -609,6 +609,46 @@ TEST(CudaOps, LinearRowsIndependentOfRowHalves) {
     const std::vector<float> batch = b.read_gpu(together.gpu()), single = b.read_gpu(alone.gpu());
     expect_close("linear", fmt::format("linear W4A16 g32 M={} rows vs M=1 each, N={} K={}", rows, n, k),
                  batch, single, kExact);
+  }
+}
+
+// Many rows of x (cuBLAS) with the W4A16 weight's kept BF16 copy (Backend::dequantized_copy, as the model
+// loader makes it) give the products of the dequantization every call makes without one, bit for bit: the
+// copy is that dequantization's output. g32 and g128, a stacked weight's row view, 33 and 300 rows.
+TEST(CudaOps, LinearWithKeptDequantizedCopy) {
+  std::mt19937 rng(64);
+  auto& b = backends();
+  for (const int group : {32, 128}) {
+    const int64_t n = 1000, k = 2560;
+    const WeightPair packed = random_packed_int4(rng, n, k);
+    const WeightPair scales =
+        b.weight(DType::BF16, n, k / group, random_floats(rng, n * k / group, 0.002f, 0.02f));
+    LinearWeight w{n, k, {}, packed.gpu, scales.gpu, group, {}};
+    const std::unique_ptr<Buffer> copy = b.gpu().dequantized_copy(w);
+    ASSERT_NE(copy, nullptr) << "the H200 keeps BF16 copies (QSPEC_KEEP_DEQUANTIZED unset)";
+    LinearWeight kept = w;
+    kept.dequantized = copy->tensor();
+    // Rows 200..999 of the weight, as stacked_modules views a stacked weight.
+    auto rows_of = [](LinearWeight v, int64_t first, int64_t rows) {
+      v.out_features = rows;
+      v.packed = v.packed.rows_view(first, rows);
+      v.scales = v.scales.rows_view(first, rows);
+      if (!v.dequantized.empty()) v.dequantized = v.dequantized.rows_view(first, rows);
+      return v;
+    };
+    for (const auto& [without, with] :
+         {std::pair{w, kept}, std::pair{rows_of(w, 200, 800), rows_of(kept, 200, 800)}})
+      for (const int64_t rows : {33, 300}) {
+        const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
+        TensorPair plain = b.poisoned(rows, without.out_features),
+                   from_copy = b.poisoned(rows, with.out_features);
+        b.gpu().linear(plain.gpu(), x.gpu(), without);
+        b.gpu().linear(from_copy.gpu(), x.gpu(), with);
+        expect_close("linear",
+                     fmt::format("linear W4A16 g{} M={} N={} K={}: kept BF16 copy vs dequantized per call",
+                                 group, rows, with.out_features, k),
+                     b.read_gpu(from_copy.gpu()), b.read_gpu(plain.gpu()), kExact);
+      }
   }
 }
 
@@ -641,7 +681,7 @@ TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
     const int64_t groups = c.k / c.group;
     const WeightPair scales =
         b.weight(c.scale_dtype, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
-    const LinearWeight w{c.n, c.k, {}, packed.gpu, scales.gpu, c.group};
+    const LinearWeight w{c.n, c.k, {}, packed.gpu, scales.gpu, c.group, {}};
     for (int64_t rows : c.rows) {
       const TensorPair wide = b.activation(rows, c.k + 4, random_floats(rng, rows * (c.k + 4), -1.0f, 1.0f));
       const cuda::LinearMmaWorkspaceSize size =
@@ -681,7 +721,7 @@ TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
 std::pair<LinearWeight, LinearWeight> random_mlp_weight(std::mt19937& rng, int64_t n, int64_t k, int group,
                                                         DType scale_dtype, std::vector<WeightPair>& keep) {
   auto& b = backends();
-  LinearWeight cpu{n, k, {}, {}, {}, group}, gpu = cpu;
+  LinearWeight cpu{n, k, {}, {}, {}, group, {}}, gpu = cpu;
   if (group == 0) {
     keep.push_back(b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f)));
     cpu.weight = keep.back().cpu, gpu.weight = keep.back().gpu;
@@ -816,7 +856,7 @@ TEST(CudaOps, SigmoidGatedLinear) {
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2560, 4096}, std::pair<int64_t, int64_t>{300, 1003}})
     for (int64_t rows : {16, 200}) {
       const WeightPair w = b.weight(DType::BF16, n, k, random_floats(rng, n * k, -0.05f, 0.05f));
-      const LinearWeight cpu_weight{n, k, w.cpu, {}, {}, 0}, gpu_weight{n, k, w.gpu, {}, {}, 0};
+      const LinearWeight cpu_weight{n, k, w.cpu, {}, {}, 0, {}}, gpu_weight{n, k, w.gpu, {}, {}, 0, {}};
       const std::vector<float> x_values = random_floats(rng, rows * k, -2.0f, 2.0f);
       const TensorPair x = b.activation(rows, k, x_values), x_copy = b.activation(rows, k, x_values);
       const TensorPair gate = b.activation(rows, k, random_floats(rng, rows * k, -4.0f, 4.0f));
@@ -1356,22 +1396,22 @@ TEST(CudaOps, GdnGatesLinear) {
       TensorPair beta = b.poisoned(tokens, heads), g = b.poisoned(tokens, heads);
       on_both([&](const Side& s) {
         s.backend.gdn_gates_linear(s(beta), s(g), s(x).cols_view(c.x_offset, k),
-                                   LinearWeight{heads, k, s(w_b), {}, {}, 0},
-                                   LinearWeight{heads, k, s(w_a), {}, {}, 0}, s(a_log), s(dt_bias));
+                                   LinearWeight{heads, k, s(w_b), {}, {}, 0, {}},
+                                   LinearWeight{heads, k, s(w_a), {}, {}, 0, {}}, s(a_log), s(dt_bias));
       });
       const std::string label = fmt::format("gdn_gates_linear {} [{}, {}] x at column {}",
                                             dtype_label(c.dtype), tokens, k, c.x_offset);
       // More than kLinearMmaMaxRows rows: both projections are BF16 products against one BF16 copy of x
       // (GemmLinear::run_pair), which must equal two linears and gdn_gates on the GPU bit for bit.
       const bool gemm = tokens > cuda::kLinearMmaMaxRows &&
-                        cuda::GemmLinear::supports(LinearWeight{heads, k, w_b.gpu, {}, {}, 0});
+                        cuda::GemmLinear::supports(LinearWeight{heads, k, w_b.gpu, {}, {}, 0, {}});
       compare("gdn_gates_linear", label + " beta", beta, gemm ? kGemmLinearTolerance : kLinearTolerance);
       compare("gdn_gates_linear", label + " g", g, gemm ? kGemmLinearTolerance : kLinearTolerance);
       if (!gemm) continue;
       TensorPair beta_ops = b.poisoned(tokens, heads), g_ops = b.poisoned(tokens, heads);
       const Tensor x_view = x.gpu().cols_view(c.x_offset, k);
-      b.gpu().linear(beta_ops.gpu(), x_view, LinearWeight{heads, k, w_b.gpu, {}, {}, 0});
-      b.gpu().linear(g_ops.gpu(), x_view, LinearWeight{heads, k, w_a.gpu, {}, {}, 0});
+      b.gpu().linear(beta_ops.gpu(), x_view, LinearWeight{heads, k, w_b.gpu, {}, {}, 0, {}});
+      b.gpu().linear(g_ops.gpu(), x_view, LinearWeight{heads, k, w_a.gpu, {}, {}, 0, {}});
       b.gpu().gdn_gates(beta_ops.gpu(), g_ops.gpu(), beta_ops.gpu(), g_ops.gpu(), a_log.gpu, dt_bias.gpu);
       expect_close("gdn_gates_linear", label + " beta vs linear, linear, gdn_gates", b.read_gpu(beta.gpu()),
                    b.read_gpu(beta_ops.gpu()), kExact);
@@ -1390,7 +1430,7 @@ TEST(CudaOps, GdnGatesLinearRowsIndependentOfT) {
   const WeightPair dt_bias = b.weight(DType::BF16, 1, heads, random_floats(rng, heads, -1.0f, 1.0f));
   const WeightPair w_b = b.weight(DType::BF16, heads, k, random_floats(rng, heads * k, -0.05f, 0.05f));
   const WeightPair w_a = b.weight(DType::BF16, heads, k, random_floats(rng, heads * k, -0.05f, 0.05f));
-  const LinearWeight b_weight{heads, k, w_b.gpu, {}, {}, 0}, a_weight{heads, k, w_a.gpu, {}, {}, 0};
+  const LinearWeight b_weight{heads, k, w_b.gpu, {}, {}, 0, {}}, a_weight{heads, k, w_a.gpu, {}, {}, 0, {}};
   const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
   TensorPair beta = b.poisoned(rows, heads), g = b.poisoned(rows, heads);
   TensorPair beta_alone = b.poisoned(rows, heads), g_alone = b.poisoned(rows, heads);
@@ -1670,8 +1710,8 @@ struct MixerCase {
     auto pick = [gpu](const WeightPair& w) { return gpu ? w.gpu : w.cpu; };
     const int64_t nv = shape.num_value_heads;
     return {pick(conv_weight),
-            {nv, hidden, pick(w_b), {}, {}, 0},
-            {nv, hidden, pick(w_a), {}, {}, 0},
+            {nv, hidden, pick(w_b), {}, {}, 0, {}},
+            {nv, hidden, pick(w_a), {}, {}, 0, {}},
             pick(a_log),
             pick(dt_bias),
             pick(norm_weight)};
