@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -115,10 +117,15 @@ class CudaBackend final : public Backend {
     return upload_weight(ordered_view, rows, words);
   }
 
-  // Kept while a quarter of the device's memory stays free after it (room for the KV cache and workspaces
-  // of long contexts); the 4B's body is 7.5 GB of BF16 beside its 2.1 GB of W4A16.
+  // Made unless QSPEC_KEEP_DEQUANTIZED=0, while a quarter of the device's memory stays free after it (room
+  // for the KV cache and workspaces of long contexts); the 4B's body is 7.1 GB of BF16 beside its 2.1 GB of
+  // W4A16.
   std::unique_ptr<Buffer> dequantized_copy(const LinearWeight& w) override {
-    if (!w.quantized() || !GemmLinear::keeps_dequantized()) return nullptr;
+    static const bool keeps = [] {
+      const char* setting = std::getenv("QSPEC_KEEP_DEQUANTIZED");
+      return !(setting && std::string_view(setting) == "0");
+    }();
+    if (!w.quantized() || !keeps) return nullptr;
     const auto bytes = static_cast<double>(w.out_features * w.in_features) * 2.0;
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");

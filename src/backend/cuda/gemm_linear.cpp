@@ -1,8 +1,6 @@
 #include "backend/cuda/gemm_linear.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -61,14 +59,6 @@ bool GemmLinear::supports(const LinearWeight& w) {
   return w.quantized() || w.weight.dtype == DType::BF16;
 }
 
-bool GemmLinear::keeps_dequantized() {
-  static const bool keeps = [] {
-    const char* setting = std::getenv("QSPEC_KEEP_DEQUANTIZED");
-    return !(setting && std::string_view(setting) == "0");
-  }();
-  return keeps;
-}
-
 void GemmLinear::dequantize(void* out, const LinearWeight& w, cudaStream_t stream) {
   for (int64_t first = 0; first < w.out_features; first += kMaxSliceRows) {
     const int64_t rows = std::min(kMaxSliceRows, w.out_features - first);
@@ -117,15 +107,14 @@ const void* GemmLinear::x_to_bf16(const Tensor& x, const float* y, RowGate gate,
 
 void GemmLinear::multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream) {
   const int64_t k = w.in_features;
-  if (!w.quantized()) {
-    bf16_gemm(handle_, out, x_bf16, w.weight.data, w.weight.rows <= 1 ? k : w.weight.stride, k);
-    return;
-  }
-  // From kL2SliceMinRows rows on, the slices that stay in L2 are faster than the copy (prefill of 8,192
-  // tokens: 141-147 ms with W4A16 weights, 150-152 with BF16 ones; session 10).
-  if (!w.dequantized.empty() && out.rows < kL2SliceMinRows) {
-    const Tensor& copy = w.dequantized;
-    bf16_gemm(handle_, out, x_bf16, copy.data, copy.rows <= 1 ? k : copy.stride, k);
+  // BF16 weights, or a W4A16 weight's kept BF16 copy: from kL2SliceMinRows rows on, the slices that stay in
+  // L2 are faster than the copy (prefill of 8,192 tokens: 141-147 ms with W4A16 weights, 150-152 with BF16
+  // ones; session 10).
+  const Tensor* bf16 = !w.quantized()                                         ? &w.weight
+                       : !w.dequantized.empty() && out.rows < kL2SliceMinRows ? &w.dequantized
+                                                                              : nullptr;
+  if (bf16 != nullptr) {
+    bf16_gemm(handle_, out, x_bf16, bf16->data, bf16->rows <= 1 ? k : bf16->stride, k);
     return;
   }
   // The whole weight when it fits the slice bound (below kL2SliceMinRows rows, the Qwen3.5-4B's largest,

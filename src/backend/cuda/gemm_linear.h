@@ -4,8 +4,9 @@
 // x, and from there on slices stay within L2: gemm_linear.cpp). Tensor cores at
 // this size reach most of the BF16 peak; the price is BF16 rounding of x and of the dequantized weights
 // (relative error ~1e-3 of the largest output). A W4A16 weight's BF16 copy (LinearWeight::dequantized,
-// made at load by dequantize()) replaces the dequantization below kL2SliceMinRows rows of x: it was half of a
-// 64-token prefill on the H200 (9.4 ms, against 5.2 with BF16 weights).
+// made at load by dequantize(), CudaBackend::dequantized_copy) replaces the dequantization below
+// kL2SliceMinRows rows of x: it was half of a 64-token prefill on the H200 (9.4 ms, against 5.2 with BF16
+// weights).
 #pragma once
 
 #include <cublas_v2.h>
@@ -31,8 +32,6 @@ class GemmLinear {
 
   // Dense BF16 or W4A16 weights (others are not taken: supports()).
   static bool supports(const LinearWeight& w);
-  // Whether W4A16 weights get BF16 copies (CudaBackend::dequantized_copy): unless QSPEC_KEEP_DEQUANTIZED=0.
-  static bool keeps_dequantized();
   // W4A16 w dequantized to BF16 [w.out_features, w.in_features] (contiguous) at out.
   static void dequantize(void* out, const LinearWeight& w, cudaStream_t stream);
   // Scratch grows here (a step's first, unrecorded run); a recorded step reuses it.
