@@ -509,7 +509,7 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
       b.poison(out);
       b.cpu().linear(out.cpu(), x.cpu(), cpu_weight);
       b.gpu().synchronize();
-      sliced.run(out.gpu(), x.gpu(), gpu_weight, nullptr);
+      sliced.run(out.gpu(), x.gpu(), nullptr, cuda::RowGate::None, gpu_weight, nullptr);
       ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
       compare("linear", label + " (slices of 256 rows)", out, kGemmLinearTolerance);
     }
@@ -823,7 +823,7 @@ TEST(CudaOps, Mlp) {
 }
 
 // Prefill rows (more than kLinearMmaMaxRows): the CUDA backend makes the down projection's BF16 operand from
-// gate_up in one pass (GemmLinear::run_gated, act unused), which must give what linear after silu_mul gives
+// gate_up in one pass (GemmLinear::run, act unused), which must give what linear after silu_mul gives
 // on the GPU, bit for bit; against the CPU, two BF16 products in a row. Cases: the 4B's W4A16 g32 MLP, BF16
 // weights with I = 1003 (gate_up rows not 16-byte aligned: the element-wise conversion), W4A16 with F16
 // scales.
@@ -847,7 +847,7 @@ TEST(CudaOps, MlpManyRows) {
 }
 
 // The gated attention's output projection (Backend::sigmoid_gated_linear): above kLinearMmaMaxRows rows the
-// CUDA backend makes x * sigmoid(gate) in the pass that rounds x to BF16 (GemmLinear::run_gated), which must
+// CUDA backend makes x * sigmoid(gate) in the pass that rounds x to BF16 (GemmLinear::run), which must
 // give sigmoid_mul then linear on the GPU bit for bit; below, the two ops. Against the CPU: the linear's
 // tolerance. The 4B's o_proj shape (4096 -> 2560) and odd columns (element-wise conversion).
 TEST(CudaOps, SigmoidGatedLinear) {

@@ -258,7 +258,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (gemm_takes(x, w)) {
-      gemm_linear().run(out, x, w, stream());
+      gemm_linear().run(out, x, nullptr, RowGate::None, w, stream());
       return;
     }
     if (w.quantized())
@@ -269,7 +269,7 @@ class CudaBackend final : public Backend {
 
   // One row (decode): the tensor-core linear stages silu(gate) * up itself, no silu_mul launch (act unused).
   // More rows than the tensor-core linears take (prefill): the BF16 operand is made from gate_up in one pass
-  // (GemmLinear::run_gated; act unused). Between the two, the two ops: the many-row kernel stages x on its
+  // (GemmLinear::run; act unused). Between the two, the two ops: the many-row kernel stages x on its
   // critical path, where the activation made verify 3% slower (H200, session 6). The values are the same
   // every way.
   void silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
@@ -287,9 +287,9 @@ class CudaBackend final : public Backend {
       return;
     }
     const int64_t intermediate = w.in_features;
-    gemm_linear().run_gated(out, gate_up.cols_view(0, intermediate),
-                            gate_up.cols_view(intermediate, intermediate).ptr<const float>(),
-                            RowGate::SiluMul, w, stream());
+    gemm_linear().run(out, gate_up.cols_view(0, intermediate),
+                      gate_up.cols_view(intermediate, intermediate).ptr<const float>(), RowGate::SiluMul, w,
+                      stream());
   }
 
   // Prefill: x * sigmoid(gate) made by the pass that rounds x to BF16 for cuBLAS (x left as it is).
@@ -300,7 +300,7 @@ class CudaBackend final : public Backend {
       return;
     }
     check_sigmoid_gated_linear_args(out, x, gate, w);
-    gemm_linear().run_gated(out, x, gate.ptr<const float>(), RowGate::SigmoidMul, w, stream());
+    gemm_linear().run(out, x, gate.ptr<const float>(), RowGate::SigmoidMul, w, stream());
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {

@@ -76,12 +76,8 @@ void* GemmLinear::scratch(DeviceMemory& memory, size_t bytes) {
   return memory.data();
 }
 
-void GemmLinear::run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream) {
-  multiply(out, x_to_bf16(x, nullptr, RowGate::None, stream), w, stream);
-}
-
-void GemmLinear::run_gated(const Tensor& out, const Tensor& x, const float* y, RowGate gate,
-                           const LinearWeight& w, cudaStream_t stream) {
+void GemmLinear::run(const Tensor& out, const Tensor& x, const float* y, RowGate gate, const LinearWeight& w,
+                     cudaStream_t stream) {
   multiply(out, x_to_bf16(x, y, gate, stream), w, stream);
 }
 

@@ -34,14 +34,13 @@ class GemmLinear {
   static bool supports(const LinearWeight& w);
   // W4A16 w dequantized to BF16 [w.out_features, w.in_features] (contiguous) at out.
   static void dequantize(void* out, const LinearWeight& w, cudaStream_t stream);
-  // Scratch grows here (a step's first, unrecorded run); a recorded step reuses it.
-  void run(const Tensor& out, const Tensor& x, const LinearWeight& w, cudaStream_t stream);
-  // out = g(x, y) W^T with g one of RowGate's (launchers.h: silu_mul for the gated MLP's down projection,
-  // x * sigmoid(y) for the gated attention's output) and y's rows at x's row stride: g is applied, as the
-  // elementwise op applies it, by the pass that rounds x to BF16, so g(x, y) is neither stored in F32 nor
-  // read back (the same values as linear after the elementwise op).
-  void run_gated(const Tensor& out, const Tensor& x, const float* y, RowGate gate, const LinearWeight& w,
-                 cudaStream_t stream);
+  // out = g(x, y) W^T with g one of RowGate's (launchers.h: x itself for None, y then unused; silu_mul for
+  // the gated MLP's down projection, x * sigmoid(y) for the gated attention's output) and y's rows at x's row
+  // stride: g is applied, as the elementwise op applies it, by the pass that rounds x to BF16, so g(x, y) is
+  // neither stored in F32 nor read back (the same values as linear after the elementwise op). Scratch grows
+  // here (a step's first, unrecorded run); a recorded step reuses it.
+  void run(const Tensor& out, const Tensor& x, const float* y, RowGate gate, const LinearWeight& w,
+           cudaStream_t stream);
   // Two weights against the same x (out_a = x w_a^T, out_b = x w_b^T): x is rounded to BF16 once.
   void run_pair(const Tensor& out_a, const LinearWeight& w_a, const Tensor& out_b, const LinearWeight& w_b,
                 const Tensor& x, cudaStream_t stream);
