@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/safetensors.h"
+#include "linear_mma_workspace.h"
 
 namespace qspec {
 namespace {
@@ -150,10 +151,9 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
     for (int64_t rows : {1, 16}) {
       const Tensor x = bench.activation(rows, k, -1, 1);
       const Tensor out = bench.activation(rows, n, -1, 1);
-      const cuda::LinearMmaWorkspaceSize most = cuda::linear_mma_workspace_size(rows, n, k, 1);
-      const Tensor partials = bench.activation(static_cast<int64_t>(most.partial_floats / n) + 1, n, 0, 0);
-      const Tensor counters = bench.indices(std::vector<int32_t>(most.counters + 1, 0));
-      const cuda::LinearMmaWorkspace workspace{partials.ptr<float>(), static_cast<unsigned*>(counters.data)};
+      // One chunk per split: the most partial sums and counters of any tuning.
+      const cuda_test::LinearMmaWorkspaceBuffers workspace_buffers(bench.backend, rows, n, k, 1);
+      const cuda::LinearMmaWorkspace workspace = workspace_buffers.get();
       // Seconds per call; launched on the default stream (not the backend's), so waited for with device
       // synchronizations.
       auto time_tuning = [&](const cuda::LinearMmaTuning& tuning) {

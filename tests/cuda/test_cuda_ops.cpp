@@ -25,6 +25,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 #include "core/half.h"
+#include "linear_mma_workspace.h"
 #include "op_check.h"
 
 namespace qspec::cuda_test {
@@ -562,21 +563,17 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
                    batch, single, kExact);
       // The one-row kernel's units of several splits (LinearMmaTuning::row_splits_per_part) add the same
       // sums.
-      const cuda::LinearMmaWorkspaceSize size = cuda::linear_mma_workspace_size(1, c.n, c.k);
-      const int64_t splits = static_cast<int64_t>(size.partial_floats) / c.n;
+      const int64_t splits =
+          static_cast<int64_t>(cuda::linear_mma_workspace_size(1, c.n, c.k).partial_floats) / c.n;
       if (splits < 2) continue;
-      const auto partials = b.gpu().alloc(DType::F32, splits, c.n);
-      const auto counters = b.gpu().alloc(DType::I32, static_cast<int64_t>(size.counters), 1);
-      b.gpu().fill_zero(counters->tensor());
+      const LinearMmaWorkspaceBuffers workspace(b.gpu(), 1, c.n, c.k);
       for (int64_t per_part : {int64_t{2}, int64_t{3}, splits}) {
         TensorPair parts = b.poisoned(kRows, c.n);
         b.gpu().synchronize();
-        const cuda::LinearMmaWorkspace workspace{partials->tensor().ptr<float>(),
-                                                 static_cast<unsigned*>(counters->tensor().data)};
         for (int64_t r = 0; r < kRows; ++r)
           cuda::check_cuda(
-              cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w, workspace, nullptr,
-                                      cuda::LinearMmaTuning{0, 0, true, per_part, true}),
+              cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w, workspace.get(),
+                                      nullptr, cuda::LinearMmaTuning{0, 0, true, per_part, true}),
               "linear with several splits per unit");
         cuda::check_cuda(cudaDeviceSynchronize(), "linear with several splits per unit");
         expect_close(
@@ -684,15 +681,8 @@ TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
     const LinearWeight w{c.n, c.k, {}, packed.gpu, scales.gpu, c.group, {}};
     for (int64_t rows : c.rows) {
       const TensorPair wide = b.activation(rows, c.k + 4, random_floats(rng, rows * (c.k + 4), -1.0f, 1.0f));
-      const cuda::LinearMmaWorkspaceSize size =
-          cuda::linear_mma_workspace_size(rows, c.n, c.k, c.chunks_per_split);
-      const auto partials =
-          b.gpu().alloc(DType::F32, std::max<int64_t>(1, static_cast<int64_t>(size.partial_floats)), 1);
-      const auto counters =
-          b.gpu().alloc(DType::I32, std::max<int64_t>(1, static_cast<int64_t>(size.counters)), 1);
-      b.gpu().fill_zero(counters->tensor());
-      const cuda::LinearMmaWorkspace workspace{partials->tensor().ptr<float>(),
-                                               static_cast<unsigned*>(counters->tensor().data)};
+      const LinearMmaWorkspaceBuffers workspace_buffers(b.gpu(), rows, c.n, c.k, c.chunks_per_split);
+      const cuda::LinearMmaWorkspace workspace = workspace_buffers.get();
       cuda::LinearMmaTuning ring_kernel, register_kernel;
       ring_kernel.chunks_per_split = register_kernel.chunks_per_split = c.chunks_per_split;
       register_kernel.ring_kernel = false;
