@@ -192,5 +192,24 @@ TEST_F(BrokenCheckpoint, BadGenerateArguments) {
   }
 }
 
+// Every command that loads a model takes --bf16-copies on|off and refuses other values before loading
+// anything (the value reaches the backend through BackendOptions; the CPU has no use for the copies).
+TEST(CliErrors, Bf16CopiesTakesOnOrOff) {
+  const std::string model = (kFixtures / "causal-tied-bf16").string();
+  for (const std::string command : {"generate --prompt-ids 1", "chat", "serve", "bench"}) {
+    const CommandResult r = run_command(std::string(QSPEC_BINARY) + " " + command + " --model '" + model +
+                                        "' --bf16-copies yes </dev/null");
+    EXPECT_FALSE(r.signaled) << command;
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_NE(r.err.find("--bf16-copies: expected on or off, got 'yes'"), std::string::npos)
+        << command << ": " << r.err;
+  }
+  for (const char* value : {"on", "off"}) {
+    const CommandResult r = run_command(std::string(QSPEC_BINARY) + " generate --model '" + model +
+                                        "' --prompt-ids 1 --max-tokens 2 --bf16-copies " + value);
+    EXPECT_EQ(r.exit_code, 0) << value << ": " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace qspec

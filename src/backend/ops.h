@@ -20,6 +20,12 @@ namespace qspec {
 
 struct TensorView;
 
+// What a backend is made with (qspec's --bf16-copies); each backend reads what concerns it.
+struct BackendOptions {
+  // Keep a BF16 copy of each W4A16 weight where the backend has a use for one (Backend::dequantized_copy).
+  bool bf16_copies = true;
+};
+
 // Memory owned by a backend (RAII); the Tensor it holds is a contiguous view of it.
 class Buffer {
  public:
@@ -107,7 +113,7 @@ class Backend {
     return upload_weight(view, rows, words);
   }
   // A W4A16 weight's BF16 copy for LinearWeight::dequantized, or null where the backend has no use for one
-  // or declines the memory (CUDA: qspec keeps them for prefill's products unless QSPEC_KEEP_DEQUANTIZED=0 or
+  // or declines the memory (CUDA: kept for prefill's products unless BackendOptions::bf16_copies is off or
   // memory is short; cuda_backend.cpp).
   virtual std::unique_ptr<Buffer> dequantized_copy(const LinearWeight& w) {
     static_cast<void>(w);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/model_run_options.h"
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
@@ -33,6 +34,7 @@ namespace {
 struct BenchArgs {
   std::string model_dir;
   std::string backend = "cpu";
+  BackendOptions backend_options;
   int context = 64;  // tokens already in the cache when decode and verify steps are timed
   int verify_tokens = 16;
   std::vector<int> prefill = {64, 2048, 8192};
@@ -185,7 +187,7 @@ void run_bench(const BenchArgs& args) {
   for (int a : args.acceptance)
     if (a < 1 || a > kDefaultSpecTokens + 1)
       fail("--acceptance: {} tokens per step, expected 1..{}", a, kDefaultSpecTokens + 1);
-  LoadedModel loaded = LoadedModel::open(args.model_dir, args.backend);
+  LoadedModel loaded = LoadedModel::open(args.model_dir, args.backend, args.backend_options);
   Qwen35Model& model = *loaded.model;
   model.set_step_graphs(!args.no_graphs);
   Backend& backend = *loaded.backend;
@@ -358,7 +360,7 @@ void register_bench(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("bench", "time decode, verify and prefill steps against the bandwidth limit");
   cmd->add_option("--model", args->model_dir, "checkpoint directory")->required();
-  cmd->add_option("--backend", args->backend, "cpu | cuda");
+  add_backend_options(*cmd, args->backend, args->backend_options);
   cmd->add_option("--context", args->context, "tokens in the cache for decode/verify steps")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--verify-tokens", args->verify_tokens, "tokens per verify step")

@@ -37,7 +37,7 @@ class ChatSession {
  public:
   explicit ChatSession(const ChatArgs& args)
       : args_(args),
-        loaded_(LoadedModel::open(args.run.model_dir, args.run.backend)),
+        loaded_(LoadedModel::open(args.run.model_dir, args.run.backend, args.run.backend_options)),
         tokenizer_(std::move(*open_model_tokenizer(args.run.model_dir, args.run.tokenizer_dir,
                                                    loaded_.model->config().vocab_size, "chat"))),
         template_(ChatTemplate::from_model_dir(tokenizer_.directory)),

@@ -73,7 +73,7 @@ void run_generate(const GenerateArgs& args) {
   // A bad messages file fails before the model is loaded.
   std::optional<ChatInput> chat;
   if (!args.chat_file.empty()) chat = read_chat_input(args.chat_file);
-  LoadedModel loaded = LoadedModel::open(args.run.model_dir, args.run.backend);
+  LoadedModel loaded = LoadedModel::open(args.run.model_dir, args.run.backend, args.run.backend_options);
   const Qwen35Config& config = loaded.model->config();
   const std::optional<ModelTokenizer> tokenizer = open_model_tokenizer(
       args.run.model_dir, args.run.tokenizer_dir, config.vocab_size, text_prompt_option(args));

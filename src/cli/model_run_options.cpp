@@ -14,12 +14,29 @@ void add_model_run_options(CLI::App& command, ModelRunOptions& options) {
   command.add_option("--top-k", options.sampling.top_k, "0 = all");
   command.add_option("--top-p", options.sampling.top_p);
   command.add_option("--seed", options.sampling.seed);
-  command.add_option("--backend", options.backend, "cpu");
+  add_backend_options(command, options.backend, options.backend_options);
   command.add_option("--ctx-size", options.context, "context length (default: prompt + max tokens)");
   command
       .add_option("--prefill-chunk", options.prefill_chunk,
                   "prompt tokens per forward pass (larger: faster prefill, more workspace memory)")
       ->check(CLI::PositiveNumber);
+}
+
+void add_backend_options(CLI::App& command, std::string& backend, BackendOptions& options) {
+  command.add_option("--backend", backend, "cpu or cuda");
+  command
+      .add_option("--bf16-copies", options.bf16_copies,
+                  "on CUDA, keep a BF16 copy of each W4A16 weight for prefill's products (faster "
+                  "prefill, more memory)")
+      ->check(CLI::Validator(
+          [](const std::string& value) {
+            // CLI11 would also take true, yes, 1 and the like for a bool: one spelling is enough.
+            return value == "on" || value == "off" ? std::string()
+                                                   : "expected on or off, got '" + value + "'";
+          },
+          ""))
+      ->type_name("on|off")
+      ->default_str("on");
 }
 
 }  // namespace qspec::cli

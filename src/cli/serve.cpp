@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/model_run_options.h"
 #include "core/error.h"
 #include "server/http/openai_server.h"
 
@@ -83,7 +84,7 @@ void register_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--tokenizer", options->model.tokenizer_dir,
                   "directory with tokenizer.json (and the chat template) when the checkpoint has none");
-  cmd->add_option("--backend", options->model.backend, "cpu or cuda");
+  add_backend_options(*cmd, options->model.backend, options->model.backend_options);
   cmd->add_option("--max-model-len", options->model.max_model_len,
                   "context positions per request, prompt + completion (default: the model's)")
       ->check(CLI::PositiveNumber);

@@ -7,10 +7,10 @@
 
 namespace qspec {
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return make_cpu_backend();
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
+  if (name == "cpu") return make_cpu_backend();  // nothing in the options concerns the CPU
 #if QSPEC_HAVE_CUDA
-  if (name == "cuda") return make_cuda_backend();
+  if (name == "cuda") return make_cuda_backend(options);
   constexpr const char* available = "cpu, cuda";
 #else
   constexpr const char* available = "cpu (built without CUDA)";
@@ -18,11 +18,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   fail("--backend: unknown or unavailable backend '{}' (available: {})", name, available);
 }
 
-LoadedModel LoadedModel::open(const std::string& dir, const std::string& backend_name) {
+LoadedModel LoadedModel::open(const std::string& dir, const std::string& backend_name,
+                              const BackendOptions& backend_options) {
   LoadedModel loaded;
   Qwen35Config config = Qwen35Config::load(dir);
   loaded.store = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
-  loaded.backend = make_backend(backend_name);
+  loaded.backend = make_backend(backend_name, backend_options);
   loaded.model = std::make_unique<Qwen35Model>(std::move(config), *loaded.store, *loaded.backend);
   return loaded;
 }

@@ -18,7 +18,8 @@ struct LoadedModel {
   std::unique_ptr<Qwen35Model> model;
 
   // backend_name: "cpu" (or "cuda" when built with it); throws Error naming the directory, file or field.
-  static LoadedModel open(const std::string& dir, const std::string& backend_name);
+  static LoadedModel open(const std::string& dir, const std::string& backend_name,
+                          const BackendOptions& backend_options = {});
 };
 
 // A DFlash drafter directory opened on its target's backend, validated against the target.
@@ -31,6 +32,6 @@ struct LoadedDrafter {
   static LoadedDrafter open(const std::string& dir, const LoadedModel& target, const std::string& target_dir);
 };
 
-std::unique_ptr<Backend> make_backend(const std::string& name);
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options);
 
 }  // namespace qspec

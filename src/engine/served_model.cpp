@@ -24,7 +24,7 @@ std::optional<LoadedDrafter> open_drafter(const ServedModelOptions& options, con
 }  // namespace
 
 ServedModel::ServedModel(const ServedModelOptions& options)
-    : target_(LoadedModel::open(options.model_dir, options.backend)),
+    : target_(LoadedModel::open(options.model_dir, options.backend, options.backend_options)),
       drafter_(open_drafter(options, target_)),
       speculative_(options.speculative),
       max_model_len_(options.max_model_len > 0 ? options.max_model_len

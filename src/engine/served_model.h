@@ -23,6 +23,7 @@ struct ServedModelOptions {
   SpeculativeOptions speculative;  // spec_tokens and draft_window, with a drafter only
   std::string tokenizer_dir;       // empty: the model directory's own tokenizer, if any
   std::string backend = "cpu";
+  BackendOptions backend_options;
   int max_model_len = 0;                                  // 0: the model's max_position_embeddings
   int prefill_chunk = GenerationOptions{}.prefill_chunk;  // prompt tokens per forward pass
 };

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 #include "backend/cpu/gated_delta_rule.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
@@ -622,7 +623,7 @@ TEST(CudaOps, LinearWithKeptDequantizedCopy) {
         b.weight(DType::BF16, n, k / group, random_floats(rng, n * k / group, 0.002f, 0.02f));
     LinearWeight w{n, k, {}, packed.gpu, scales.gpu, group, {}};
     const std::unique_ptr<Buffer> copy = b.gpu().dequantized_copy(w);
-    ASSERT_NE(copy, nullptr) << "the H200 keeps BF16 copies (QSPEC_KEEP_DEQUANTIZED unset)";
+    ASSERT_NE(copy, nullptr) << "the H200 keeps BF16 copies (BackendOptions::bf16_copies on by default)";
     LinearWeight kept = w;
     kept.dequantized = copy->tensor();
     // Rows 200..999 of the weight, as stacked_modules views a stacked weight.
@@ -647,6 +648,17 @@ TEST(CudaOps, LinearWithKeptDequantizedCopy) {
                      b.read_gpu(from_copy.gpu()), b.read_gpu(plain.gpu()), kExact);
       }
   }
+}
+
+// --bf16-copies off (BackendOptions::bf16_copies) reaches the backend: it makes no copy.
+TEST(CudaOps, NoDequantizedCopyWithBf16CopiesOff) {
+  std::mt19937 rng(65);
+  auto& b = backends();
+  const int64_t n = 256, k = 512;
+  const WeightPair packed = random_packed_int4(rng, n, k);
+  const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
+  const LinearWeight w{n, k, {}, packed.gpu, scales.gpu, 32, {}};
+  EXPECT_EQ(make_cuda_backend({.bf16_copies = false})->dequantized_copy(w), nullptr);
 }
 
 // The shared-memory ring kernel (W4A16 of several rows) makes the register-held many-row kernel's sums bit

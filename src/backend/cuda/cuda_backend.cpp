@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -70,7 +69,7 @@ RopeFrequencies rope_frequencies(std::string_view op, int rotary_dim, double the
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  explicit CudaBackend(const BackendOptions& options) : bf16_copies_(options.bf16_copies) {
     int devices = 0;
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
     if (devices == 0) fail("CUDA: no CUDA device is visible");
@@ -117,15 +116,10 @@ class CudaBackend final : public Backend {
     return upload_weight(ordered_view, rows, words);
   }
 
-  // Made unless QSPEC_KEEP_DEQUANTIZED=0, while a quarter of the device's memory stays free after it (room
-  // for the KV cache and workspaces of long contexts); the 4B's body is 7.1 GB of BF16 beside its 2.1 GB of
-  // W4A16.
+  // Made unless bf16_copies is off, while a quarter of the device's memory stays free after it (room for the
+  // KV cache and workspaces of long contexts); the 4B's body is 7.1 GB of BF16 beside its 2.1 GB of W4A16.
   std::unique_ptr<Buffer> dequantized_copy(const LinearWeight& w) override {
-    static const bool keeps = [] {
-      const char* setting = std::getenv("QSPEC_KEEP_DEQUANTIZED");
-      return !(setting && std::string_view(setting) == "0");
-    }();
-    if (!w.quantized() || !keeps) return nullptr;
+    if (!w.quantized() || !bf16_copies_) return nullptr;
     const auto bytes = static_cast<double>(w.out_features * w.in_features) * 2.0;
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
@@ -534,6 +528,7 @@ class CudaBackend final : public Backend {
     return {static_cast<float*>(linear_partials_.data()), static_cast<unsigned*>(linear_counters_.data())};
   }
 
+  bool bf16_copies_;  // BackendOptions::bf16_copies
   std::string device_name_;
   int max_shared_bytes_ = 0;  // per block, with the opt-in above the 48 KB default
   std::unique_ptr<CudaStream> stream_;
@@ -555,8 +550,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend() {
-  return std::make_unique<cuda::CudaBackend>();
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<cuda::CudaBackend>(options);
 }
 
 }  // namespace qspec

@@ -10,6 +10,6 @@
 namespace qspec {
 
 // Uses the current CUDA device; throws Error when there is none.
-std::unique_ptr<Backend> make_cuda_backend();
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options = {});
 
 }  // namespace qspec
