@@ -650,17 +650,6 @@ TEST(CudaOps, LinearWithKeptDequantizedCopy) {
   }
 }
 
-// --bf16-copies off (BackendOptions::bf16_copies) reaches the backend: it makes no copy.
-TEST(CudaOps, NoDequantizedCopyWithBf16CopiesOff) {
-  std::mt19937 rng(65);
-  auto& b = backends();
-  const int64_t n = 256, k = 512;
-  const WeightPair packed = random_packed_int4(rng, n, k);
-  const WeightPair scales = b.weight(DType::BF16, n, k / 32, random_floats(rng, n * k / 32, 0.002f, 0.02f));
-  const LinearWeight w{n, k, {}, packed.gpu, scales.gpu, 32, {}};
-  EXPECT_EQ(make_cuda_backend({.bf16_copies = false})->dequantized_copy(w), nullptr);
-}
-
 // The shared-memory ring kernel (W4A16 of several rows) makes the register-held many-row kernel's sums bit
 // for bit: the same items and arithmetic, only the loads differ. Rows in one pass (2, 3, 8, 16) and two (17,
 // 32); g32 (vector scales) and g128, BF16 and F16 scales; the default splits of K and chosen ones
@@ -735,6 +724,14 @@ std::pair<LinearWeight, LinearWeight> random_mlp_weight(std::mt19937& rng, int64
   keep.push_back(b.weight(scale_dtype, n, groups, random_floats(rng, n * groups, 0.002f, 0.02f)));
   cpu.scales = keep.back().cpu, gpu.scales = keep.back().gpu;
   return {cpu, gpu};
+}
+
+// --bf16-copies off (BackendOptions::bf16_copies) reaches the backend: it makes no copy.
+TEST(CudaOps, NoDequantizedCopyWithBf16CopiesOff) {
+  std::mt19937 rng(65);
+  std::vector<WeightPair> keep;
+  const LinearWeight w = random_mlp_weight(rng, 256, 512, 32, DType::BF16, keep).second;
+  EXPECT_EQ(make_cuda_backend({.bf16_copies = false})->dequantized_copy(w), nullptr);
 }
 
 struct MlpCase {
