@@ -17,8 +17,8 @@ Tensor upload_vector(Backend& backend, const TensorStore& store, const std::stri
 
 namespace {
 
+// For a W4A16 weight (the callers' branch; the backend declines others too).
 void keep_dequantized(Backend& backend, LinearWeight& w, std::vector<std::unique_ptr<Buffer>>& storage) {
-  if (!w.quantized()) return;
   if (std::unique_ptr<Buffer> copy = backend.dequantized_copy(w)) {
     w.dequantized = copy->tensor();
     storage.push_back(std::move(copy));

@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "linear_mma_workspace.h"
+#include "model/weight_upload.h"
 #include "op_check.h"
 
 namespace qspec::cuda_test {
@@ -626,16 +627,11 @@ TEST(CudaOps, LinearWithKeptDequantizedCopy) {
     ASSERT_NE(copy, nullptr) << "the H200 keeps BF16 copies (BackendOptions::bf16_copies on by default)";
     LinearWeight kept = w;
     kept.dequantized = copy->tensor();
-    // Rows 200..999 of the weight, as stacked_modules views a stacked weight.
-    auto rows_of = [](LinearWeight v, int64_t first, int64_t rows) {
-      v.out_features = rows;
-      v.packed = v.packed.rows_view(first, rows);
-      v.scales = v.scales.rows_view(first, rows);
-      if (!v.dequantized.empty()) v.dequantized = v.dequantized.rows_view(first, rows);
-      return v;
+    // Rows 200..999 of the weight: the second of two modules stacked in it, as stacked_modules views it.
+    auto second_module = [](const LinearWeight& v) {
+      return stacked_modules(StackedLinear{{v}, {0, 200}, v.out_features}, 1, 1).parts.front();
     };
-    for (const auto& [without, with] :
-         {std::pair{w, kept}, std::pair{rows_of(w, 200, 800), rows_of(kept, 200, 800)}})
+    for (const auto& [without, with] : {std::pair{w, kept}, std::pair{second_module(w), second_module(kept)}})
       for (const int64_t rows : {33, 300}) {
         const TensorPair x = b.activation(rows, k, random_floats(rng, rows * k, -1.0f, 1.0f));
         TensorPair plain = b.poisoned(rows, without.out_features),

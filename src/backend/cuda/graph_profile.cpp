@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -165,10 +165,9 @@ void profile_graph_if_asked(cudaGraph_t graph, cudaStream_t stream) {
   for (size_t i = 0; i < names.size(); ++i)
     line += fmt::format(R"({}{{"kernel": "{}", "us": {:.2f}}})", i ? ", " : "", names[i], node_us[i]);
   line += "]}\n";
-  std::FILE* file = std::fopen(s.file.c_str(), "a");
-  if (file == nullptr) fail("QSPEC_GRAPH_PROFILE: cannot open {} for appending", s.file);
-  std::fputs(line.c_str(), file);
-  std::fclose(file);
+  std::ofstream file(s.file, std::ios::app);
+  file << line;
+  if (!file) fail("QSPEC_GRAPH_PROFILE: cannot append to {}", s.file);
 }
 
 }  // namespace qspec::cuda
