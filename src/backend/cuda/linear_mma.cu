@@ -893,7 +893,8 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 // silu(gate) * up. The split of K is the many-row kernel's (mma_split) and each split's sums are made the
 // same way, so a row's result equals that of a many-row call bit for bit, whatever the parts: a unit spanning
 // K adds its splits' sums in split order itself; otherwise it stores one partial per split, and the warp that
-// takes the tile's last ticket (release / acquire atomics, no fences) adds them in split order.
+// takes the tile's last ticket (release / acquire atomics, no fences) adds them in split order, after its
+// loop.
 struct RowArgs {
   float* out;
   const float* x;
@@ -901,6 +902,7 @@ struct RowArgs {
   int64_t out_features, in_features;
   int chunks, chunks_per_split, splits;  // the split of K (mma_split): it sets the order of a row's sums
   int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (the kernel's choice)
+  int splits_per_part;                   // chunks_per_part / chunks_per_split
   int tiles, units;                      // units: tiles x parts, part-major
   int units_per_warp;  // a warp's units are consecutive: one part (or two) and consecutive tiles
   float* partials;     // [splits][out_features] when split
@@ -909,7 +911,8 @@ struct RowArgs {
 };
 
 // Where a warp is in its run of units (32-bit: units and chunks stay below 2^31), and which split of K the
-// chunk belongs to.
+// chunk belongs to. One division finds the first unit's tile and part; the next units count on from it (the
+// ring's slots are unrolled: a division per slot was ~2 KB of code the warps jumped over).
 struct RowPosition {
   int unit, end_unit, tile, part, chunk, end_chunk, split, split_end;
 
@@ -918,9 +921,12 @@ struct RowPosition {
     if (unit >= end_unit) return;
     part = unit / a.tiles;
     tile = unit - part * a.tiles;
+    start_unit(a);
+  }
+  __device__ void start_unit(const RowArgs& a) {
     chunk = part * a.chunks_per_part;
     end_chunk = min(a.chunks, chunk + a.chunks_per_part);
-    split = chunk / a.chunks_per_split;
+    split = part * a.splits_per_part;
     split_end = min(end_chunk, chunk + a.chunks_per_split);
   }
   __device__ bool done() const { return unit >= end_unit; }
@@ -930,7 +936,10 @@ struct RowPosition {
       if (chunk == split_end) ++split, split_end = min(end_chunk, chunk + a.chunks_per_split);
       return false;
     }
-    at_unit(a, unit + 1);
+    if (++unit < end_unit) {
+      if (++tile == a.tiles) tile = 0, ++part;
+      start_unit(a);
+    }
     return true;
   }
 };
@@ -946,6 +955,7 @@ __device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_u
 }
 
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
+constexpr int64_t kRowMaxUnitsPerWarp = 32;     // a bit each in the warp's last_tickets
 
 // kWholeChunks: every chunk lies inside K and loads without bounds checks (whole_chunk_loads).
 template <typename Weights, bool kWholeChunks>
@@ -1003,6 +1013,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   const int64_t n = a.out_features;
   float acc[1][4] = {};
   float total[2] = {};  // a whole-K unit's splits added so far (features g and g + 8)
+  // The units (bit i: end_unit - 1 - i) whose tile's last ticket this warp took: their splits are added
+  // after the warp's loop, so the loop's unrolled slots hold no copy of that code.
+  unsigned last_tickets = 0;
   // Row 0 of a split's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
   // A row's result is its splits' sums added in split order, from zero: here when the unit spans K, else
   // by the warp that takes a tile's last ticket, from the partials.
@@ -1030,15 +1043,10 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     __syncwarp();  // the warp's partials are stored before lane 0's ticket releases them
     unsigned ticket = 0;
     if (lane == 0) ticket = take_ticket(a.counters + computing.tile);
-    __syncwarp();  // the lanes read partials after lane 0's ticket acquired them
+    __syncwarp();  // the lanes read partials after lane 0's ticket acquired them (after the loop)
     if (__shfl_sync(0xffffffffu, ticket, 0) != static_cast<unsigned>(a.parts - 1)) return;
     if (lane == 0) a.counters[computing.tile] = 0;  // ready for the next call
-    const int64_t summed = static_cast<int64_t>(computing.tile) * kTileFeatures + lane;
-    if (lane < kTileFeatures && summed < n) {
-      float sum[1];
-      sum_splits<1, 16>(a.partials, n, a.splits, {summed}, sum);
-      a.out[summed] = sum[0];
-    }
+    last_tickets |= 1u << (computing.end_unit - 1 - computing.unit);
   };
 
   // Row 0 of x is column 0 of B, in lanes g == 0; the other lanes multiply zeros.
@@ -1066,6 +1074,16 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
       load_next(ring[j]);
       if (computing.chunk + 1 == computing.split_end) finish_split();
       computing.advance(a);
+    }
+  }
+  while (last_tickets != 0) {
+    const int unit = computing.end_unit - __ffs(static_cast<int>(last_tickets));
+    last_tickets &= last_tickets - 1;
+    const int64_t summed = static_cast<int64_t>(unit % a.tiles) * kTileFeatures + lane;
+    if (lane < kTileFeatures && summed < n) {
+      float sum[1];
+      sum_splits<1, 16>(a.partials, n, a.splits, {summed}, sum);
+      a.out[summed] = sum[0];
     }
   }
 }
@@ -1211,7 +1229,8 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   const int64_t chunks_per_part = std::min(split.splits, splits_per_part) * split.chunks_per_split;
   const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
   const int64_t units = tiles * parts;
-  const int64_t units_per_warp = (units + resident * kWarps - 1) / (resident * kWarps);
+  const int64_t units_per_warp =
+      std::min(kRowMaxUnitsPerWarp, (units + resident * kWarps - 1) / (resident * kWarps));
   const int64_t block_units = kWarps * units_per_warp;
   const RowArgs args{out.ptr<float>(),
                      x.ptr<const float>(),
@@ -1223,6 +1242,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
                      static_cast<int>(split.splits),
                      static_cast<int>(chunks_per_part),
                      static_cast<int>(parts),
+                     static_cast<int>(chunks_per_part / split.chunks_per_split),
                      static_cast<int>(tiles),
                      static_cast<int>(units),
                      static_cast<int>(units_per_warp),
