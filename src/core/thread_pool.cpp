@@ -1,8 +1,9 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
+
+#include "core/env.h"
 
 namespace qspec {
 
@@ -89,8 +90,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
-    const char* env = std::getenv("QSPEC_THREADS");
-    return env ? static_cast<size_t>(std::strtoul(env, nullptr, 10)) : size_t{0};
+    return static_cast<size_t>(env_integer("QSPEC_THREADS", 0, 4096).value_or(0));  // 0: every core
   }());
   return pool;
 }

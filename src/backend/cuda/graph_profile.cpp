@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/progress.h"
 
@@ -31,7 +32,7 @@ const Settings& settings() {
   static const Settings chosen = [] {
     Settings s;
     if (const char* file = std::getenv("QSPEC_GRAPH_PROFILE")) s.file = file;
-    if (const char* max_ms = std::getenv("QSPEC_GRAPH_PROFILE_MAX_MS")) s.max_ms = std::atof(max_ms);
+    s.max_ms = env_number("QSPEC_GRAPH_PROFILE_MAX_MS", 0.0, 1e6).value_or(s.max_ms);
     return s;
   }();
   return chosen;

@@ -1,10 +1,12 @@
 // The process-wide choice of programmatic dependent launch (pdl.cuh).
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
+#include "core/env.h"
 
 namespace qspec::cuda {
 
@@ -27,9 +29,7 @@ bool decide() {
 }
 
 int64_t decide_max_blocks() {
-  if (const char* setting = std::getenv("QSPEC_PDL_MAX_BLOCKS"); setting && *setting)
-    return std::strtoll(setting, nullptr, 10);
-  return 0;
+  return env_integer("QSPEC_PDL_MAX_BLOCKS", 0, std::numeric_limits<int32_t>::max()).value_or(0);
 }
 
 }  // namespace
