@@ -950,6 +950,41 @@ TEST(CudaOps, AddRmsNormLinear) {
   }
 }
 
+// A verify step's rows equal decode steps': 16 rows through add_rmsnorm_linear (the norm, then the many-row
+// linear) against each row alone (the norm, then the one-row linear), bit for bit in the outputs, the
+// residual and the kept normed rows.
+TEST(CudaOps, AddRmsNormLinearRowsIndependentOfBatch) {
+  std::mt19937 rng(67);
+  auto& b = backends();
+  constexpr int64_t kRows = 16, kHidden = 2560;
+  std::vector<WeightPair> keep;
+  const LinearWeight gpu_weight = random_mlp_weight(rng, 12288, kHidden, 32, DType::BF16, keep).second;
+  const WeightPair norm_weight = b.weight(DType::BF16, 1, kHidden, random_floats(rng, kHidden, -0.5f, 0.5f));
+  const std::vector<float> x_values = random_floats(rng, kRows * kHidden, -3.0f, 3.0f);
+  const TensorPair delta = b.activation(kRows, kHidden, random_floats(rng, kRows * kHidden, -1.0f, 1.0f));
+  const TensorPair x_together = b.activation(kRows, kHidden, x_values),
+                   x_alone = b.activation(kRows, kHidden, x_values);
+  TensorPair out_together = b.poisoned(kRows, 12288), out_alone = b.poisoned(kRows, 12288);
+  TensorPair normed_together = b.poisoned(kRows, kHidden), normed_alone = b.poisoned(kRows, kHidden);
+  Backend& gpu = b.gpu();
+  const std::vector<LinearProjection> together{{out_together.gpu(), gpu_weight}};
+  gpu.add_rmsnorm_linear(together, normed_together.gpu(), NormedRows::Kept, x_together.gpu(), delta.gpu(),
+                         norm_weight.gpu, 1e-6f, true);
+  for (int64_t r = 0; r < kRows; ++r) {
+    const std::vector<LinearProjection> alone{{out_alone.gpu().rows_view(r, 1), gpu_weight}};
+    gpu.add_rmsnorm_linear(alone, normed_alone.gpu().rows_view(r, 1), NormedRows::Kept,
+                           x_alone.gpu().rows_view(r, 1), delta.gpu().rows_view(r, 1), norm_weight.gpu, 1e-6f,
+                           true);
+  }
+  const std::string label = "add_rmsnorm_linear [16, 2560] -> [12288] g32, M=16 rows vs M=1 each";
+  expect_close("add_rmsnorm_linear", label, b.read_gpu(out_together.gpu()), b.read_gpu(out_alone.gpu()),
+               kExact);
+  expect_close("add_rmsnorm_linear", label + ": residual", b.read_gpu(x_together.gpu()),
+               b.read_gpu(x_alone.gpu()), kExact);
+  expect_close("add_rmsnorm_linear", label + ": normed rows", b.read_gpu(normed_together.gpu()),
+               b.read_gpu(normed_alone.gpu()), kExact);
+}
+
 TEST(CudaOps, Elementwise) {
   std::mt19937 rng(7);
   auto& b = backends();
