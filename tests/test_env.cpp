@@ -1,5 +1,5 @@
-// Developer settings from the environment: unset and empty read as not set, numbers within range are read,
-// anything else fails naming the variable.
+// Developer settings from the environment: unset and empty read as not set, numbers within range and the
+// stated words are read, anything else fails naming the variable.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -71,6 +71,29 @@ TEST(Env, RejectsWhatIsNotANumberInRange) {
   }
   const Setting setting("fast");
   EXPECT_THROW(env_number(kName, 0.0, 10.0), Error);
+}
+
+TEST(Env, ReadsOneOfTheChoicesExactly) {
+  {
+    const Setting setting(nullptr);
+    EXPECT_FALSE(env_choice(kName, {"rows64"}).has_value());
+  }
+  {
+    const Setting setting("rows64");
+    EXPECT_EQ(env_choice(kName, {"rows32", "rows64"}), "rows64");
+  }
+  for (const char* bad : {"rows_64", "Rows64", "rows64 "}) {
+    const Setting setting(bad);
+    try {
+      env_choice(kName, {"rows32", "rows64"});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(kName) + ": expected one of rows32, rows64, got '" +
+                                           bad + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

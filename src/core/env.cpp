@@ -1,8 +1,11 @@
 #include "core/env.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
+
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 
@@ -44,6 +47,14 @@ std::optional<int64_t> env_integer(const char* name, int64_t lowest, int64_t hig
 
 std::optional<double> env_number(const char* name, double lowest, double highest) {
   return env_value<double>(name, lowest, highest, "a number");
+}
+
+std::optional<std::string> env_choice(const char* name, std::initializer_list<std::string_view> choices) {
+  const std::optional<std::string_view> text = env_text(name);
+  if (!text) return std::nullopt;
+  if (std::find(choices.begin(), choices.end(), *text) == choices.end())
+    fail("environment variable {}: expected one of {}, got '{}'", name, fmt::join(choices, ", "), *text);
+  return std::string(*text);
 }
 
 }  // namespace qspec

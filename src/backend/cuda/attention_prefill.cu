@@ -31,11 +31,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/attention_kernels.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "core/env.h"
 
 namespace qspec::cuda {
 
@@ -616,10 +615,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 // Whether QSPEC_PREFILL_ATTENTION=rows64 asks for the 64-row kernel on every GPU (to test it where the
 // paired kernel fits); read once.
 bool rows64_kernel_forced() {
-  static const bool forced = [] {
-    const char* setting = std::getenv("QSPEC_PREFILL_ATTENTION");
-    return setting != nullptr && std::string_view(setting) == "rows64";
-  }();
+  static const bool forced = env_choice("QSPEC_PREFILL_ATTENTION", {"rows64"}).has_value();
   return forced;
 }
 

@@ -1,8 +1,6 @@
 // The process-wide choice of programmatic dependent launch (pdl.cuh).
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
@@ -21,8 +19,7 @@ __global__ void pdl_probe_kernel() {
 }
 
 bool decide() {
-  if (const char* setting = std::getenv("QSPEC_PDL"); setting && std::string_view(setting) == "0")
-    return false;
+  if (env_integer("QSPEC_PDL", 0, 1) == 0) return false;
   cudaFuncAttributes attributes{};
   check_cuda(cudaFuncGetAttributes(&attributes, pdl_probe_kernel), "cudaFuncGetAttributes (PDL probe)");
   return attributes.ptxVersion >= 90;
