@@ -221,10 +221,10 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
       const int t = e / kKeys, i = e % kKeys;
       if (i < d.dk) {
         const float* row = a.qkv + (first + t) * a.qkv_stride;
-        cp_async_4(&stage_qk[0][t][i], row + q_offset + i);
+        if constexpr (kOutputs) cp_async_4(&stage_qk[0][t][i], row + q_offset + i);
         cp_async_4(&stage_qk[1][t][i], row + k_offset + i);
       } else {
-        stage_qk[0][t][i] = 0.0f;
+        if constexpr (kOutputs) stage_qk[0][t][i] = 0.0f;
         stage_qk[1][t][i] = 0.0f;
       }
     }
@@ -245,8 +245,10 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
     {  // L2-normalise q and k in place: vector = (tid / 4) -> (q or k, token), 4 lanes each.
       const int vector = tid / kNormLanes;
       const int which = vector / kStageTokens, t = vector % kStageTokens;
-      normalize_staged_vector<kKeys>(stage_qk[which][t], tid % kNormLanes, which == 0, t < count,
-                                     d.query_scale);
+      // The state-only form needs no queries (whole warps skip them: their shuffles are warp-wide).
+      if (kOutputs || which == 1)
+        normalize_staged_vector<kKeys>(stage_qk[which][t], tid % kNormLanes, which == 0, t < count,
+                                       d.query_scale);
       if (tid < count) stage_decay[tid] = expf(stage_decay[tid]);
     }
     __syncthreads();
