@@ -11,10 +11,10 @@
 // lane one column's total, column = row group / 4) and, for delta, an all-gather back to 4 columns (3
 // shuffles). A token's output sums are reduced together with the next token's prediction (their shuffle
 // latencies overlap; the output is stored one token late). Tokens are staged 16 at a time in shared memory
-// with cp.async: q and k (normalised there, 4 lanes per vector), the slab's v, beta and g (-> exp(g)). The
-// state is loaded before the staging and stays in registers for all tokens: read once, written once. A
-// token's arithmetic does not depend on T nor on its place in a stage: one call of 16 tokens, 16 calls of one
-// and a commit replay give the same bits.
+// with cp.async: q (not in the state-only form) and k, normalised there (4 lanes per vector), the slab's v,
+// beta and g (-> exp(g)). The state is loaded before the staging and stays in registers for all tokens: read
+// once, written once. A token's arithmetic does not depend on T nor on its place in a stage: one call of 16
+// tokens, 16 calls of one and a commit replay give the same bits.
 #pragma once
 
 #include <cstdint>
