@@ -89,7 +89,8 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
 }
 
 // qspec bench with a drafter and the end-to-end protocol at tiny sizes: the draft and commit steps are
-// recorded, and every oracle acceptance length is the one measured.
+// recorded, every oracle acceptance length is the one measured, and the speculative cases carry a verify
+// step timed alone.
 TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   testing_support::TempDir out;
   const testing_support::CommandResult run = testing_support::run_command(
@@ -118,6 +119,16 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
     EXPECT_GT(step, 0.0);
     EXPECT_LE(prefill + step * step_count, r["median_ms"].get<double>() * 1.001);
     EXPECT_GE(prefill + step * step_count, 0.5 * r["median_ms"].get<double>());
+  }
+  // A verify step timed alone, for the speculative cases: part of each of their steps, so at most a step's
+  // time (twice that: one timed run of each); the rest of a step is reported as the difference.
+  EXPECT_FALSE(e2e[0].contains("median_verify_ms"));
+  for (size_t i = 1; i < e2e.size(); ++i) {
+    const double verify = e2e[i]["median_verify_ms"].get<double>(),
+                 step = e2e[i]["median_step_ms"].get<double>();
+    EXPECT_GT(verify, 0.0);
+    EXPECT_LE(verify, 2.0 * step);
+    EXPECT_DOUBLE_EQ(e2e[i]["median_rest_ms"].get<double>(), step - verify);
   }
   for (size_t i = 1; i < e2e.size(); ++i) {
     const int requested = e2e[i]["acceptance_length"].get<int>();

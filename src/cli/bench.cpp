@@ -84,8 +84,11 @@ struct EndToEndResult {
   std::vector<double> ms;
   double mean_acceptance_length = 0;
   // Per timed request: the prefill, and the decode time per step (a speculative step, or one plain token
-  // after the first); a speculative step's time less its verify and commit steps is the per-step overhead.
+  // after the first).
   std::vector<double> prefill_ms, step_ms;
+  // Speculative: a verify step alone at the prompt's context, timed apart. A step's time less it is all the
+  // rest of the step: the commit (GDN replay), the host's work and the argmax read-back.
+  std::vector<double> verify_ms;
 };
 
 double median(std::vector<double> values) {
@@ -138,6 +141,32 @@ double allocated_state_bytes(const Qwen35State& state) {
 
 // The competition protocol per category: warm-ups, then timed requests (prefill + decode) at temperature 0,
 // batch 1: plain decoding, then speculative decoding with oracle drafts at each acceptance length.
+// The speculative steps' verify (a block of the bonus and kDefaultSpecTokens drafts, every row's logits, the
+// state left for a commit) alone, after a prefill of `prompt`: warm-ups, then one time per timed request.
+std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
+                                     Qwen35State& state, const std::vector<int32_t>& prompt,
+                                     const std::vector<int32_t>& output) {
+  model.reset(state);
+  ForwardOptions prefill;
+  prefill.logits = false;
+  model.forward(state, prompt, prefill);
+  ForwardOptions verify;
+  verify.all_logits = true;
+  verify.advance = false;
+  std::vector<int32_t> block(output.begin(),
+                             output.begin() + std::min<size_t>(output.size(), kDefaultSpecTokens + 1));
+  std::vector<double> ms;
+  for (int i = 0; i < args.warmups + args.e2e_runs; ++i) {
+    backend.synchronize();
+    auto start = std::chrono::steady_clock::now();
+    model.forward(state, block, verify);
+    backend.synchronize();
+    if (i >= args.warmups) ms.push_back(elapsed_ms(start));
+    model.commit(state, 0);
+  }
+  return ms;
+}
+
 std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& model, Backend& backend) {
   const Qwen35Config& c = model.config();
   const std::optional<ModelTokenizer> tokenizer = open_model_tokenizer(args.model_dir, "", c.vocab_size);
@@ -168,14 +197,15 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
         expected = g.tokens;
       }
     };
-    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0, {}, {}};
+    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0, {}, {}, {}};
     time_requests(plain, [&] { return generate(model, *state, prompt, options); });
     results.push_back(plain);
     const std::vector<int32_t> greedy = expected;
+    const std::vector<double> verify_ms = time_verify_step(args, model, backend, *state, prompt, greedy);
     for (int acceptance : args.acceptance) {
       SpeculativeOptions spec;
       spec.oracle_drafts = oracle_for_acceptance(greedy, acceptance, c.vocab_size);
-      EndToEndResult r{int(prompt.size()), options.max_tokens, acceptance, {}, 0.0, {}, {}};
+      EndToEndResult r{int(prompt.size()), options.max_tokens, acceptance, {}, 0.0, {}, {}, verify_ms};
       time_requests(r, [&] { return generate_speculative(model, *state, nullptr, prompt, options, spec); });
       results.push_back(r);
     }
@@ -318,24 +348,36 @@ void run_bench(const BenchArgs& args) {
 
   if (args.e2e) {
     record["end_to_end"] = nlohmann::json::array();
-    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9}\n", "prompt", "new", "acceptance",
-               "median ms", "decode tok/s", "measured", "prefill ms", "ms/step");
+    // "verify ms": a verify step alone at the prompt's context; "rest ms": a speculative step less it (the
+    // commit, the host's work, the argmax read-back: issue 5's "everything else per step").
+    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9} {:>10} {:>8}\n", "prompt", "new",
+               "acceptance", "median ms", "decode tok/s", "measured", "prefill ms", "ms/step", "verify ms",
+               "rest ms");
     for (const EndToEndResult& r : run_end_to_end(args, model, backend)) {
       const double ms = median(r.ms);
       const double step_ms = r.step_ms.empty() ? 0.0 : median(r.step_ms);
       const std::string acceptance = r.acceptance == 0 ? "plain" : std::to_string(r.acceptance);
-      fmt::print("{:<8} {:>6} {:>11} {:>11.2f} {:>12.1f} {:>10.2f} {:>11.2f} {:>9.3f}\n", r.prompt_tokens,
+      fmt::print("{:<8} {:>6} {:>11} {:>11.2f} {:>12.1f} {:>10.2f} {:>11.2f} {:>9.3f}", r.prompt_tokens,
                  r.new_tokens, acceptance, ms, r.new_tokens / (ms * 1e-3), r.mean_acceptance_length,
                  median(r.prefill_ms), step_ms);
-      record["end_to_end"].push_back({{"prompt_tokens", r.prompt_tokens},
-                                      {"new_tokens", r.new_tokens},
-                                      {"acceptance_length", r.acceptance},
-                                      {"measured_acceptance_length", r.mean_acceptance_length},
-                                      {"median_ms", ms},
-                                      {"ms", r.ms},
-                                      {"median_prefill_ms", median(r.prefill_ms)},
-                                      {"median_step_ms", step_ms},
-                                      {"step_ms", r.step_ms}});
+      nlohmann::json entry = {{"prompt_tokens", r.prompt_tokens},
+                              {"new_tokens", r.new_tokens},
+                              {"acceptance_length", r.acceptance},
+                              {"measured_acceptance_length", r.mean_acceptance_length},
+                              {"median_ms", ms},
+                              {"ms", r.ms},
+                              {"median_prefill_ms", median(r.prefill_ms)},
+                              {"median_step_ms", step_ms},
+                              {"step_ms", r.step_ms}};
+      if (!r.verify_ms.empty()) {
+        const double verify_ms = median(r.verify_ms);
+        fmt::print(" {:>10.3f} {:>8.3f}", verify_ms, step_ms - verify_ms);
+        entry["verify_ms"] = r.verify_ms;
+        entry["median_verify_ms"] = verify_ms;
+        entry["median_rest_ms"] = step_ms - verify_ms;
+      }
+      fmt::print("\n");
+      record["end_to_end"].push_back(entry);
     }
   }
 
