@@ -13,6 +13,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -139,9 +140,21 @@ double allocated_state_bytes(const Qwen35State& state) {
   return bytes;
 }
 
+// Times `step`, each run up to a synchronize: `warmups` untimed runs, then `runs` timed ones (ms).
+std::vector<double> time_runs(Backend& backend, int warmups, int runs, const std::function<void()>& step) {
+  std::vector<double> ms;
+  for (int i = 0; i < warmups + runs; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    step();
+    backend.synchronize();
+    if (i >= warmups) ms.push_back(elapsed_ms(start));
+  }
+  return ms;
+}
+
 // The speculative steps' verify (a block of the bonus and kDefaultSpecTokens drafts, every row's logits, the
-// state left for a commit) alone, after a prefill of `prompt`: warm-ups (at least one: a step graph's
-// capture), then one time per timed request.
+// state left for a commit; a verify may follow an uncommitted one) alone, after a prefill of `prompt`:
+// warm-ups (at least one: a step graph's capture), then one time per timed request.
 std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
                                      Qwen35State& state, const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& output) {
@@ -154,16 +167,10 @@ std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, 
   verify.advance = false;
   std::vector<int32_t> block(output.begin(),
                              output.begin() + std::min<size_t>(output.size(), kDefaultSpecTokens + 1));
-  const int warmups = std::max(1, args.warmups);
-  std::vector<double> ms;
-  for (int i = 0; i < warmups + args.e2e_runs; ++i) {
-    backend.synchronize();
-    auto start = std::chrono::steady_clock::now();
-    model.forward(state, block, verify);
-    backend.synchronize();
-    if (i >= warmups) ms.push_back(elapsed_ms(start));
-    model.commit(state, 0);
-  }
+  backend.synchronize();
+  const std::vector<double> ms = time_runs(backend, std::max(1, args.warmups), args.e2e_runs,
+                                           [&] { model.forward(state, block, verify); });
+  model.commit(state, 0);
   return ms;
 }
 
@@ -235,12 +242,7 @@ void run_bench(const BenchArgs& args) {
   const int64_t in_use_with_state = backend.device_memory_in_use();
   std::vector<StepResult> results;
   auto time_step = [&](StepResult& r, const std::function<void()>& step) {
-    for (int i = 0; i < args.repeats + 1; ++i) {  // the first run warms up
-      auto start = std::chrono::steady_clock::now();
-      step();
-      backend.synchronize();
-      if (i > 0) r.ms.push_back(elapsed_ms(start));
-    }
+    r.ms = time_runs(backend, 1, args.repeats, step);  // the first run warms up
   };
 
   // Decode and verify from a cache of args.context tokens.
