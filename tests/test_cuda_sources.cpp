@@ -52,7 +52,7 @@ struct WeightsFirst {
   std::string kernel, first_other_read;
 };
 const std::vector<WeightsFirst> kWeightsBeforeWait = {{"linear_mma_kernel(", "stage_x"},
-                                                      {"linear_ring_kernel(", "stage_x"},
+                                                      {"linear_ring_kernel(", "stage_ring_x"},
                                                       {"linear_row_kernel(", "stage_x"},
                                                       {"gdn_mixer_kernel(", "load_state_block"}};
 
