@@ -197,15 +197,19 @@ struct PackedInt4Weights {
     uint32_t scale_low[kScaleWords], scale_high[kScaleWords];
   };
 
-  // Where features g and g + 8 start, computed once per tile.
+  // Where features g and g + 8 start: offsets in words of `packed` and in values of `scales`, 32 bits
+  // (linear_mma_supports bounds the weight), so that a chunk's addresses are one add from the parameters'
+  // bases (the ring kernel's loop recomputed four 64-bit row pointers a chunk from the features: 17% of its
+  // instructions).
   struct Rows {
-    const uint32_t *packed_low, *packed_high;
-    const S *scales_low, *scales_high;
+    uint32_t packed_low, packed_high, scales_low, scales_high;
   };
 
   __device__ Rows rows(int64_t feature_low, int64_t feature_high) const {
-    return {packed + feature_low * packed_stride, packed + feature_high * packed_stride,
-            scales + feature_low * scales_stride, scales + feature_high * scales_stride};
+    return {static_cast<uint32_t>(feature_low * packed_stride),
+            static_cast<uint32_t>(feature_high * packed_stride),
+            static_cast<uint32_t>(feature_low * scales_stride),
+            static_cast<uint32_t>(feature_high * scales_stride)};
   }
 
   template <bool kWhole>
@@ -235,11 +239,11 @@ struct PackedInt4Weights {
   // the 16 bytes at word 4q of a whole chunk are word q of each of its four blocks: this lane's A words.
   __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
     Loaded w;
-    const int offset = chunk * kPackedChunkWords + 4 * q;
-    w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
-    w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
-    load_scales<true>(r.scales_low, chunk, w.scale_low);
-    load_scales<true>(r.scales_high, chunk, w.scale_high);
+    const auto offset = static_cast<uint32_t>(chunk * kPackedChunkWords + 4 * q);
+    w.low = load_streaming(reinterpret_cast<const uint4*>(packed + (r.packed_low + offset)));
+    w.high = load_streaming(reinterpret_cast<const uint4*>(packed + (r.packed_high + offset)));
+    load_scales<true>(scales + r.scales_low, chunk, w.scale_low);
+    load_scales<true>(scales + r.scales_high, chunk, w.scale_high);
     return w;
   }
 
@@ -257,17 +261,19 @@ struct PackedInt4Weights {
   }
 
   __device__ void copy_whole_async(const Rows& r, int chunk, int q, uint4* low, uint4* high,
-                                   uint4* scales) const {
-    const int offset = chunk * kPackedChunkWords + 4 * q;
-    cp_async_16(low, r.packed_low + offset);
-    cp_async_16(high, r.packed_high + offset);
-    auto* scale_words = reinterpret_cast<uint32_t*>(scales);
+                                   uint4* scale_slot) const {
+    const auto offset = static_cast<uint32_t>(chunk * kPackedChunkWords + 4 * q);
+    cp_async_16(low, packed + (r.packed_low + offset));
+    cp_async_16(high, packed + (r.packed_high + offset));
+    auto* scale_words = reinterpret_cast<uint32_t*>(scale_slot);
+    const auto scale =
+        static_cast<uint32_t>(kScales == ScaleLoad::Vector ? chunk * kChunkBlocks : chunk & ~1);
     if constexpr (kScales == ScaleLoad::Vector) {
-      cp_async_8(scale_words, r.scales_low + chunk * kChunkBlocks);
-      cp_async_8(scale_words + 2, r.scales_high + chunk * kChunkBlocks);
+      cp_async_8(scale_words, scales + (r.scales_low + scale));
+      cp_async_8(scale_words + 2, scales + (r.scales_high + scale));
     } else {
-      cp_async_4(scale_words, r.scales_low + (chunk & ~1));
-      cp_async_4(scale_words + 2, r.scales_high + (chunk & ~1));
+      cp_async_4(scale_words, scales + (r.scales_low + scale));
+      cp_async_4(scale_words + 2, scales + (r.scales_high + scale));
     }
   }
 
@@ -290,23 +296,23 @@ struct PackedInt4Weights {
     Loaded w{};
     const int64_t first_block = chunk * kChunkBlocks;
     if (first_block + kChunkBlocks <= blocks) {
-      const int64_t offset = chunk * kPackedChunkWords + 4 * q;
-      w.low = load_streaming(reinterpret_cast<const uint4*>(r.packed_low + offset));
-      w.high = load_streaming(reinterpret_cast<const uint4*>(r.packed_high + offset));
+      const auto offset = static_cast<uint32_t>(chunk * kPackedChunkWords + 4 * q);
+      w.low = load_streaming(reinterpret_cast<const uint4*>(packed + (r.packed_low + offset)));
+      w.high = load_streaming(reinterpret_cast<const uint4*>(packed + (r.packed_high + offset)));
     } else {
       uint32_t low[kChunkBlocks] = {}, high[kChunkBlocks] = {};
 #pragma unroll
       for (int u = 0; u < kChunkBlocks; ++u)
         if (first_block + u < blocks) {
-          const int64_t offset = (first_block + u) * (kBlockK / 8) + q;
-          low[u] = __ldg(r.packed_low + offset);
-          high[u] = __ldg(r.packed_high + offset);
+          const auto offset = static_cast<uint32_t>((first_block + u) * (kBlockK / 8) + q);
+          low[u] = __ldg(packed + (r.packed_low + offset));
+          high[u] = __ldg(packed + (r.packed_high + offset));
         }
       w.low = make_uint4(low[0], low[1], low[2], low[3]);
       w.high = make_uint4(high[0], high[1], high[2], high[3]);
     }
-    load_scales<false>(r.scales_low, chunk, w.scale_low);
-    load_scales<false>(r.scales_high, chunk, w.scale_high);
+    load_scales<false>(scales + r.scales_low, chunk, w.scale_low);
+    load_scales<false>(scales + r.scales_high, chunk, w.scale_high);
     return w;
   }
 
@@ -1349,9 +1355,14 @@ LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_featu
 
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
   if (x.rows == 0 || x.rows > kLinearMmaMaxRows || w.in_features % kBlockK != 0) return false;
+  // W4A16: 32-bit offsets into the packed words and the scales (PackedInt4Weights::Rows).
+  const auto offsets_fit = [](const Tensor& t) {
+    return t.rows * std::max(t.stride, t.cols) < (int64_t{1} << 32);
+  };
   if (w.quantized())
     return w.group_size % kBlockK == 0 && (w.scales.dtype == DType::BF16 || w.scales.dtype == DType::F16) &&
-           aligned(w.packed.data, 16) && (w.packed.rows <= 1 || w.packed.stride % 4 == 0);
+           aligned(w.packed.data, 16) && (w.packed.rows <= 1 || w.packed.stride % 4 == 0) &&
+           offsets_fit(w.packed) && offsets_fit(w.scales);
   return w.weight.dtype == DType::BF16 && aligned(w.weight.data, 16) &&
          (w.weight.rows <= 1 || w.weight.stride % 8 == 0);
 }
