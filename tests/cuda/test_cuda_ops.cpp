@@ -651,6 +651,26 @@ TEST(CudaOps, LinearWithKeptDequantizedCopy) {
   }
 }
 
+// The tensor-core W4A16 kernels address a weight's rows by 32-bit offsets (PackedInt4Weights::Rows): a weight
+// whose packed words or scales reach 2^32 elements must go to the general kernels. Only the shapes are
+// read, so the views point at a small aligned buffer.
+TEST(CudaOps, LinearMmaDeclinesWeightsPast32BitOffsets) {
+  alignas(16) static uint32_t words[4];
+  const Tensor x = Tensor::make(DType::F32, 1, 4096, words);
+  auto weight = [&](int64_t n) {
+    LinearWeight w;
+    w.out_features = n;
+    w.in_features = 4096;
+    w.group_size = 32;
+    w.packed = Tensor::make(DType::I32, n, 4096 / 8, words);
+    w.scales = Tensor::make(DType::BF16, n, 4096 / 32, words);
+    return w;
+  };
+  EXPECT_TRUE(cuda::linear_mma_supports(x, weight(int64_t{1} << 20)));
+  EXPECT_FALSE(cuda::linear_mma_supports(x, weight((int64_t{1} << 32) / 512)));
+  EXPECT_FALSE(cuda::linear_mma_supports(x, weight(int64_t{1} << 24)));
+}
+
 // The shared-memory ring kernel (W4A16 of several rows) makes the register-held many-row kernel's sums bit
 // for bit: the same items and arithmetic, only the loads differ. Rows in one pass (2, 3, 8, 16) and two (17,
 // 32); g32 (vector scales) and g128, BF16 and F16 scales; the default splits of K and chosen ones
