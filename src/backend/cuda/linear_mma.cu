@@ -545,8 +545,8 @@ __device__ inline void store_group(const XStage& to, const float (&v)[8], int r,
 // values past in_features, are zeros. With `up` (rows at x's stride), x is the gated MLP's activation
 // silu(x) * up, made here as the silu_mul op makes it. The loads of kPasses passes of kThreads groups of 8
 // values are issued together: a pass at a time waited one L2 round trip per pass (10 in a row for 16 rows of
-// 640 values).
-template <XForm kForm, bool kAlignedX, int kPasses>
+// 640 values). kOneRow: rows is 1 (the one-row kernel), so a thread's group needs no division by the row's.
+template <XForm kForm, bool kAlignedX, int kPasses, bool kOneRow = false>
 __device__ void stage_x(const XStage& to, const float* x, const float* up, int64_t x_stride,
                         int64_t in_features, int rows, int rows_with_data, int64_t k0) {
   const int groups = to.chunks * kChunkGroups, count = rows * groups;
@@ -557,7 +557,7 @@ __device__ void stage_x(const XStage& to, const float* x, const float* up, int64
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int i = base + p * kThreads + static_cast<int>(threadIdx.x);
-      const int r = i / groups, c = i % groups;
+      const int r = kOneRow ? 0 : i / groups, c = kOneRow ? i : i % groups;
       const int64_t k = k0 + 8 * c;
       const bool has_data = i < count && r < rows_with_data && k < in_features;
 #pragma unroll
@@ -568,7 +568,7 @@ __device__ void stage_x(const XStage& to, const float* x, const float* up, int64
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int i = base + p * kThreads + static_cast<int>(threadIdx.x);
-      const int r = i / groups, c = i % groups;
+      const int r = kOneRow ? 0 : i / groups, c = kOneRow ? i : i % groups;
       if (up != nullptr && i < count && r < rows_with_data && k0 + 8 * c < in_features) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[p][j] = silu_mul(v[p][j], u[p][j]);
@@ -1068,9 +1068,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
                        staged_chunks};
   const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
   if (a.x_aligned)
-    stage_x<kForm, true, Weights::kRowStagePasses>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
+    stage_x<kForm, true, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   else
-    stage_x<kForm, false, Weights::kRowStagePasses>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
+    stage_x<kForm, false, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   __syncthreads();
 
   const int64_t n = a.out_features;
