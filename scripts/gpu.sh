@@ -155,9 +155,20 @@ archive() {
   du -sh "$BUILD/bundles.tgz"
 }
 
+# Every bundle of build-cuda/bundles.tgz on the library path (they are built alike): a slim bundle finds its
+# libraries in another.
+export_bundle_libraries() {
+  local path=/usr/local/cuda/lib64 bundle
+  for bundle in $(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p'); do path="$PWD/$BUILD/$bundle:$path"; done
+  export LD_LIBRARY_PATH="$path"
+}
+
 # On the GPU machine, carrying build-cuda/bundles.tgz: for each bundle in it, the GPU tests, the W4A16
 # linear timings (QSPEC_AB_OPS=0 skips them) and the decode / verify / draft steps of the 4B (shorter than a
 # full run: no memcheck, no end-to-end protocol). The steps per bundle come last; logs go to $OUT/ab.tgz.
+# A slim bundle (qspec and COMMIT only: `strip`ped copies keep several under the carry limit) skips the tests
+# and op timings it has no programs for and finds its libraries in the other bundles. QSPEC_AB_ROUNDS=N
+# times the steps in N alternating rounds (the machine drifts by ~1% between minutes).
 ab() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
@@ -165,33 +176,48 @@ ab() {
   mkdir -p "$work"
   local bundles
   bundles=$(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p')
+  export_bundle_libraries
+  export QSPEC_COMMIT
   for bundle in $bundles; do
     bundle=$BUILD/$bundle
     local name
     name=$(basename "$bundle")-$(cat "$bundle/COMMIT")
-    export LD_LIBRARY_PATH="$PWD/$bundle:/usr/local/cuda/lib64"
-    export QSPEC_COMMIT
     QSPEC_COMMIT=$(cat "$bundle/COMMIT")  # the records' commit field, as in run_on_gpu
-    local status=0
-    QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 >"$work/$name-tests.log" 2>&1 ||
-      status=$?
-    QSPEC_PREFILL_ATTENTION=rows64 QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" \
-      --gtest_brief=1 --gtest_filter='CudaOps.Attention*' >>"$work/$name-tests.log" 2>&1 || status=$?
-    echo "$name: cuda tests exit $status ($(grep -c '^\[  FAILED' "$work/$name-tests.log" || true) failed)"
+    if [ -x "$bundle/qspec_cuda_tests" ]; then
+      local status=0
+      QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 >"$work/$name-tests.log" 2>&1 ||
+        status=$?
+      QSPEC_PREFILL_ATTENTION=rows64 QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" \
+        --gtest_brief=1 --gtest_filter='CudaOps.Attention*' >>"$work/$name-tests.log" 2>&1 || status=$?
+      echo "$name: cuda tests exit $status ($(grep -c '^\[  FAILED' "$work/$name-tests.log" || true) failed)"
+    fi
     [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
     [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
-    if [ "${QSPEC_AB_OPS:-1}" = 1 ]; then  # the op bench (~60 s a bundle, its linear sweep included)
+    if [ "${QSPEC_AB_OPS:-1}" = 1 ] && [ -x "$bundle/qspec_cuda_bench" ]; then  # ~60 s a bundle
       "$bundle/qspec_cuda_bench" "$work/$name-ops.json" >"$work/$name-ops.log" 2>&1 || echo "$name: op bench failed"
     fi
-    "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" \
-      --prefill "${QSPEC_AB_PREFILL:-64,2048}" \
-      --out "$work/$name-records" >"$work/$name-steps.log" 2>&1 || echo "$name: qspec bench failed"
+  done
+  local round
+  for round in $(seq "${QSPEC_AB_ROUNDS:-1}"); do
+    for bundle in $bundles; do
+      bundle=$BUILD/$bundle
+      local name
+      name=$(basename "$bundle")-$(cat "$bundle/COMMIT")
+      QSPEC_COMMIT=$(cat "$bundle/COMMIT")
+      "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" \
+        --prefill "${QSPEC_AB_PREFILL:-64,2048}" --out "$work/$name-records" \
+        >"$work/$name-round$round-steps.log" 2>&1 || echo "$name: qspec bench failed"
+    done
   done
   tar czf "$OUT/ab.tgz" -C "$work" .
   for log in "$work"/*-steps.log; do
     echo "== $(basename "$log" -steps.log)"
     grep -E '^(decode|verify|draft|commit|prefill)' "$log" || true
-    grep -E '^linear W4A16 g(32|128) M=' "${log%-steps.log}-ops.log" 2>/dev/null || true
+  done
+  for log in "$work"/*-ops.log; do
+    [ -f "$log" ] || continue
+    echo "== $(basename "$log" -ops.log) linears"
+    grep -E '^linear W4A16 g(32|128) M=' "$log" || true
   done
 }
 
@@ -204,11 +230,11 @@ graphs() {
   local target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
   local bundles  # QSPEC_GRAPH_BUNDLES: some of them (names in the archive)
   bundles=${QSPEC_GRAPH_BUNDLES:-$(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p')}
+  export_bundle_libraries
   for bundle in $bundles; do
     bundle=$BUILD/$bundle
     local name
     name=$(basename "$bundle")-$(tr -c 'a-z0-9\n' - <"$bundle/COMMIT")
-    export LD_LIBRARY_PATH="$PWD/$bundle:/usr/local/cuda/lib64"
     [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
     [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
     QSPEC_GRAPH_PROFILE="$OUT/graphs-$name.jsonl" "$bundle/qspec" bench --model "$target" --backend cuda \
