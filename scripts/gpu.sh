@@ -155,12 +155,25 @@ archive() {
   du -sh "$BUILD/bundles.tgz"
 }
 
-# Every bundle of build-cuda/bundles.tgz on the library path (they are built alike): a slim bundle finds its
-# libraries in another.
+# The bundles in build-cuda/bundles.tgz (the folders holding a COMMIT), one name a line.
+archived_bundles() {
+  tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p'
+}
+
+# Every archived bundle on the library path (they are built alike): a slim bundle finds its libraries in
+# another.
 export_bundle_libraries() {
   local path=/usr/local/cuda/lib64 bundle
-  for bundle in $(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p'); do path="$PWD/$BUILD/$bundle:$path"; done
+  for bundle in $(archived_bundles); do path="$PWD/$BUILD/$bundle:$path"; done
   export LD_LIBRARY_PATH="$path"
+}
+
+# Archived bundle $1: its folder in `bundle`, its log name in `name`, and QSPEC_COMMIT (the records' commit
+# field, as in run_on_gpu) set to its commit.
+enter_bundle() {
+  bundle=$BUILD/$1
+  QSPEC_COMMIT=$(cat "$bundle/COMMIT")
+  name=$(basename "$bundle")-$QSPEC_COMMIT
 }
 
 # On the GPU machine, carrying build-cuda/bundles.tgz: for each bundle in it, the GPU tests, the W4A16
@@ -175,14 +188,12 @@ ab() {
   local work=/tmp/ab target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
   mkdir -p "$work"
   local bundles
-  bundles=$(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p')
+  bundles=$(archived_bundles)
   export_bundle_libraries
   export QSPEC_COMMIT
-  for bundle in $bundles; do
-    bundle=$BUILD/$bundle
-    local name
-    name=$(basename "$bundle")-$(cat "$bundle/COMMIT")
-    QSPEC_COMMIT=$(cat "$bundle/COMMIT")  # the records' commit field, as in run_on_gpu
+  local entry bundle name
+  for entry in $bundles; do
+    enter_bundle "$entry"
     if [ -x "$bundle/qspec_cuda_tests" ]; then
       local status=0
       QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 >"$work/$name-tests.log" 2>&1 ||
@@ -199,11 +210,8 @@ ab() {
   done
   local round
   for round in $(seq "${QSPEC_AB_ROUNDS:-1}"); do
-    for bundle in $bundles; do
-      bundle=$BUILD/$bundle
-      local name
-      name=$(basename "$bundle")-$(cat "$bundle/COMMIT")
-      QSPEC_COMMIT=$(cat "$bundle/COMMIT")
+    for entry in $bundles; do
+      enter_bundle "$entry"
       "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" \
         --prefill "${QSPEC_AB_PREFILL:-64,2048}" --out "$work/$name-records" \
         >"$work/$name-round$round-steps.log" 2>&1 || echo "$name: qspec bench failed"
@@ -229,7 +237,7 @@ graphs() {
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
   local target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
   local bundles  # QSPEC_GRAPH_BUNDLES: some of them (names in the archive)
-  bundles=${QSPEC_GRAPH_BUNDLES:-$(tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p')}
+  bundles=${QSPEC_GRAPH_BUNDLES:-$(archived_bundles)}
   export_bundle_libraries
   for bundle in $bundles; do
     bundle=$BUILD/$bundle
