@@ -25,9 +25,10 @@
 // the next stage's weights are loaded into registers while this one is computed. No instruction may read a
 // loaded register before its chunk is computed (a copy or a repacking there waits for the load, and the loads
 // in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output features
-// at K 9216), K is split over blocks in a way that depends on N and K only; the last block of a tile group to
-// finish sums the partials in split order, so results depend neither on timing nor on how many rows share the
-// call (a row's arithmetic is the same at M = 1 and 16).
+// at K 9216), K is split over blocks in a way that depends on N and K only, and the splits' partials are
+// added in split order (by the last block of a tile group to finish, or by a kernel of their own after the
+// ring and one-row kernels), so results depend neither on timing nor on how many rows share the call (a row's
+// arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -437,7 +438,7 @@ struct MmaArgs {
   int64_t chunks, chunks_per_split;
   int64_t items;       // tile groups x splits x passes
   float* partials;     // [splits][rows][out_features] when split
-  unsigned* counters;  // one per (tile group, pass), zero between calls
+  unsigned* counters;  // the many-row kernel's: one per (tile group, pass), zero between calls
 };
 
 // One block's unit of work: a tile group, one split of K, one pass of 16 rows. Passes vary fastest, so the
@@ -716,6 +717,40 @@ __device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* las
   }
 }
 
+// The ring and one-row kernels leave a split call's sums to a kernel of their own: their blocks store their
+// partials and leave, where the last one to finish used to take a ticket and add them on the call's tail (the
+// stores' release, the ticket's round trip and the sums' loads on every block's path: 37% of the ring
+// linears' time in a verify step on the H200; with this kernel verify 3.94 -> 3.53 ms, decode 2.12 -> 2.09).
+// A split call's partials ([splits][rows][features]) and where their sums go.
+struct SplitPartials {
+  float* out;
+  int64_t out_stride;
+  const float* partials;
+  int64_t rows, features;
+  int splits;
+};
+
+// Element (row, feature) of the output is its splits' partials added in split order from zero, as the
+// many-row kernel's last block adds them (sum_item_splits): the same bits. A thread an element.
+constexpr int kSplitSumThreads = 256;
+
+__global__ void __launch_bounds__(kSplitSumThreads) sum_split_partials_kernel(SplitPartials p) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const int64_t element = blockIdx.x * int64_t{kSplitSumThreads} + threadIdx.x;
+  if (element >= p.rows * p.features) return;
+  float sum[1];
+  sum_splits<1, 8>(p.partials, p.rows * p.features, p.splits, {element}, sum);
+  p.out[element / p.features * p.out_stride + element % p.features] = sum[0];
+}
+
+cudaError_t launch_split_sums(const SplitPartials& p, cudaStream_t stream) {
+  const int64_t elements = p.rows * p.features;
+  return launch_kernel(sum_split_partials_kernel,
+                       static_cast<unsigned>((elements + kSplitSumThreads - 1) / kSplitSumThreads),
+                       kSplitSumThreads, 0, stream, p);
+}
+
 // One staged chunk of x times kTiles tiles' weights of that chunk, into the tiles' sums: the arithmetic of
 // both many-row kernels (and so of the one-row kernel's splits). FP16 x: each block's group-scaled sums join
 // the chunk's, which the rows' inverse chunk scales fold into acc; BF16 x: the products go straight into acc.
@@ -853,15 +888,12 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
 // but a warp owns kRingTiles tiles that share its x fragments, so a block's item is 128 features (x, staged
 // as FP32 from L2, was twice the weights' bytes with 64), and each lane keeps kRingDepth chunks of its
 // weights in flight through cp.async into its own shared-memory slots (no registers held, no barrier: a lane
-// reads only what it copied). An item's x is staged once, every chunk of it.
+// reads only what it copied). An item's x is staged once, every chunk of it. With K split,
+// sum_split_partials_kernel adds the blocks' partials.
 constexpr int kRingTiles = 2;
 constexpr int kRingDepth = 4;
 constexpr int kRingBlocksPerMultiprocessor = 3;
 constexpr int kRingGroupFeatures = kWarps * kRingTiles * kTileFeatures;
-// The last block's elements a thread at a time, and the splits of each in flight: a 16-row pass of 128
-// features in two batches.
-constexpr int kRingSumBatch = 8;
-constexpr int kRingSumSplitsInFlight = 4;
 constexpr int kRingStageChunks = 5;  // an item's x (up to 5 chunks) in one round trip
 
 struct RingLayout {
@@ -883,7 +915,6 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
   constexpr int kRows = kHalves * 8;
   constexpr int kSlotStride = kRingDepth * kThreads;  // between the slot arrays of one kind
   extern __shared__ uint4 ring_storage[];
-  __shared__ bool last_block;
   const int t = static_cast<int>(threadIdx.x);
   const int warp = t / kWarpSize, lane = t % kWarpSize;
   const int g = lane / 4, q = lane % 4;
@@ -944,7 +975,6 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 #pragma unroll
   for (int tile = 0; tile < kRingTiles; ++tile)
     store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
-  sum_item_splits<kRingGroupFeatures, kRows, kRingSumBatch, kRingSumSplitsInFlight>(a, item, &last_block);
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
@@ -955,9 +985,8 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 // barrier after the staging and none after that; for the gated MLP's down projection the staging makes
 // silu(gate) * up. The split of K is the many-row kernel's (mma_split) and each split's sums are made the
 // same way, so a row's result equals that of a many-row call bit for bit, whatever the parts: a unit spanning
-// K adds its splits' sums in split order itself; otherwise it stores one partial per split, and the warp that
-// takes the tile's last ticket (release / acquire atomics, no fences) adds them in split order, after its
-// loop.
+// K adds its splits' sums in split order itself; otherwise it stores one partial per split, which
+// sum_split_partials_kernel adds in split order.
 struct RowArgs {
   float* out;
   const float* x;
@@ -968,8 +997,7 @@ struct RowArgs {
   int splits_per_part;                   // chunks_per_part / chunks_per_split
   int tiles, units;                      // units: tiles x parts, part-major
   int units_per_warp;  // a warp's units are consecutive: one part (or two) and consecutive tiles
-  float* partials;     // [splits][out_features] when split
-  unsigned* counters;  // one per tile, zero between calls
+  float* partials;     // [splits][out_features] when parts > 1
   bool x_aligned;      // float4 loads of x
 };
 
@@ -1018,7 +1046,6 @@ __device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_u
 }
 
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
-constexpr int64_t kRowMaxUnitsPerWarp = 32;     // a bit each in the warp's last_tickets
 
 // kWholeChunks: every chunk lies inside K and loads without bounds checks (whole_chunk_loads).
 template <typename Weights, bool kWholeChunks>
@@ -1076,12 +1103,9 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   const int64_t n = a.out_features;
   float acc[1][4] = {};
   float total[2] = {};  // a whole-K unit's splits added so far (features g and g + 8)
-  // The units (bit i: end_unit - 1 - i) whose tile's last ticket this warp took: their splits are added
-  // after the warp's loop, so the loop's unrolled slots hold no copy of that code.
-  unsigned last_tickets = 0;
   // Row 0 of a split's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
   // A row's result is its splits' sums added in split order, from zero: here when the unit spans K, else
-  // by the warp that takes a tile's last ticket, from the partials.
+  // by sum_split_partials_kernel, from the partials.
   auto finish_split = [&] {
     const int64_t feature = static_cast<int64_t>(computing.tile) * kTileFeatures + g;
     const bool unit_end = computing.chunk + 1 == computing.end_chunk;
@@ -1102,14 +1126,6 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     if (q == 0 && feature < n) partial[feature] = acc[0][0];
     if (q == 0 && feature + 8 < n) partial[feature + 8] = acc[0][2];
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
-    if (!unit_end) return;
-    __syncwarp();  // the warp's partials are stored before lane 0's ticket releases them
-    unsigned ticket = 0;
-    if (lane == 0) ticket = take_ticket(a.counters + computing.tile);
-    __syncwarp();  // the lanes read partials after lane 0's ticket acquired them (after the loop)
-    if (__shfl_sync(0xffffffffu, ticket, 0) != static_cast<unsigned>(a.parts - 1)) return;
-    if (lane == 0) a.counters[computing.tile] = 0;  // ready for the next call
-    last_tickets |= 1u << (computing.end_unit - 1 - computing.unit);
   };
 
   // Row 0 of x is column 0 of B, in lanes g == 0; the other lanes multiply zeros.
@@ -1137,16 +1153,6 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
       load_next(ring[j]);
       if (computing.chunk + 1 == computing.split_end) finish_split();
       computing.advance(a);
-    }
-  }
-  while (last_tickets != 0) {
-    const int unit = computing.end_unit - __ffs(static_cast<int>(last_tickets));
-    last_tickets &= last_tickets - 1;
-    const int64_t summed = static_cast<int64_t>(unit % a.tiles) * kTileFeatures + lane;
-    if (lane < kTileFeatures && summed < n) {
-      float sum[1];
-      sum_splits<1, 16>(a.partials, n, a.splits, {summed}, sum);
-      a.out[summed] = sum[0];
     }
   }
 }
@@ -1203,8 +1209,12 @@ cudaError_t launch_ring_kernel(const MmaArgs& args, const Weights& weights, int6
       cudaFuncSetAttribute(linear_ring_kernel<Weights, kHalves, kAlignedX>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
   if (attribute != cudaSuccess) return attribute;
-  return launch_kernel(linear_ring_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
-                       kThreads, static_cast<size_t>(bytes), stream, args, weights);
+  const cudaError_t status =
+      launch_kernel(linear_ring_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
+                    kThreads, static_cast<size_t>(bytes), stream, args, weights);
+  if (status != cudaSuccess || args.splits == 1) return status;
+  return launch_split_sums(
+      {args.out, args.out_stride, args.partials, args.rows, args.out_features, args.splits}, stream);
 }
 
 template <typename Weights, int kHalves>
@@ -1284,7 +1294,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   const int64_t resident =
       tuning.grid_blocks > 0 ? tuning.grid_blocks : int64_t{kRowBlocksPerMultiprocessor} * multiprocessors;
   // A unit's part of K: whole splits (the sums do not depend on it). Whole K when the tiles alone busy half
-  // the resident warps (no partials, no tickets), else two splits: the best of the sweep over the 4B's
+  // the resident warps (no partials, no sums kernel), else two splits: the best of the sweep over the 4B's
   // shapes on the H200 (bench/results/cuda-ops-notes.md, session 6).
   const int64_t splits_per_part = tuning.row_splits_per_part > 0   ? tuning.row_splits_per_part
                                   : 2 * tiles >= resident * kWarps ? split.splits
@@ -1292,8 +1302,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   const int64_t chunks_per_part = std::min(split.splits, splits_per_part) * split.chunks_per_split;
   const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
   const int64_t units = tiles * parts;
-  const int64_t units_per_warp =
-      std::min(kRowMaxUnitsPerWarp, (units + resident * kWarps - 1) / (resident * kWarps));
+  const int64_t units_per_warp = (units + resident * kWarps - 1) / (resident * kWarps);
   const int64_t block_units = kWarps * units_per_warp;
   const RowArgs args{out.ptr<float>(),
                      x.ptr<const float>(),
@@ -1310,18 +1319,22 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
                      static_cast<int>(units),
                      static_cast<int>(units_per_warp),
                      workspace.partials,
-                     workspace.counters,
                      rows_aligned_to_float4(x)};
   const dim3 grid(static_cast<unsigned>((units + block_units - 1) / block_units));
   // A block's units span at most this many parts (whatever its first unit), so many chunks of x.
   const int64_t spanned = std::min(parts, (block_units - 1) / tiles + 2);
   const int64_t staged_chunks = std::min(split.chunks, spanned * chunks_per_part);
   const auto shared = static_cast<size_t>(x_stage_bytes<Weights::kX>(staged_chunks));
-  if constexpr (!Weights::kAlwaysWhole) {
-    if (!whole_chunk_loads(in_features))
-      return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args, weights);
-  }
-  return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
+  status = [&] {
+    if constexpr (!Weights::kAlwaysWhole) {
+      if (!whole_chunk_loads(in_features))
+        return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args,
+                             weights);
+    }
+    return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
+  }();
+  if (status != cudaSuccess || parts == 1) return status;
+  return launch_split_sums({args.out, 0, args.partials, 1, out_features, args.splits}, stream);
 }
 
 template <typename Weights>
@@ -1346,11 +1359,10 @@ LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_featu
                                                  int64_t chunks_per_split) {
   const MmaSplit split = mma_split(out_features, in_features, chunks_per_split);
   if (split.splits == 1) return {};
-  // One counter per 16-feature tile and pass: the one-row kernel's; the many-row kernel's tile groups use
-  // fewer.
-  const int64_t tiles = (out_features + kTileFeatures - 1) / kTileFeatures;
+  // One counter per tile group and pass: the many-row kernel's last-block tickets.
+  const int64_t groups = (out_features + kGroupFeatures - 1) / kGroupFeatures;
   return {static_cast<size_t>(split.splits * rows * out_features),
-          static_cast<size_t>(tiles * row_passes(rows))};
+          static_cast<size_t>(groups * row_passes(rows))};
 }
 
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
