@@ -176,12 +176,45 @@ enter_bundle() {
   name=$(basename "$bundle")-$QSPEC_COMMIT
 }
 
+# QSPEC_AB_VARIANTS entry $1 ("NAME=BUNDLE:VAR=VALUE,..."): enter_bundle's variables for its bundle, the
+# variant's name appended to `name`, and its assignments in the array `settings`.
+enter_variant() {
+  local spec=${1#*=}
+  enter_bundle "${spec%%:*}"
+  name=$name-${1%%=*}
+  IFS=, read -ra settings <<<"${spec#*:}"
+}
+
+# The current bundle's GPU tests (if it has them) logged as $1, under the environment assignments after it.
+ab_tests() {
+  local log=$1 status=0
+  shift
+  [ -x "$bundle/qspec_cuda_tests" ] || return 0
+  env "$@" QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 \
+    >"$work/$log-tests.log" 2>&1 || status=$?
+  env "$@" QSPEC_PREFILL_ATTENTION=rows64 QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" \
+    --gtest_brief=1 --gtest_filter='CudaOps.Attention*' >>"$work/$log-tests.log" 2>&1 || status=$?
+  echo "$log: cuda tests exit $status ($(grep -c '^\[  FAILED' "$work/$log-tests.log" || true) failed)"
+}
+
+# The current bundle's step times of round $2 logged as $1, under the environment assignments after them.
+ab_steps() {
+  local log=$1 round=$2
+  shift 2
+  env "$@" "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" \
+    --prefill "${QSPEC_AB_PREFILL:-64,2048}" --out "$work/$log-records" \
+    >"$work/$log-round$round-steps.log" 2>&1 || echo "$log: qspec bench failed"
+}
+
 # On the GPU machine, carrying build-cuda/bundles.tgz: for each bundle in it, the GPU tests, the W4A16
 # linear timings (QSPEC_AB_OPS=0 skips them) and the decode / verify / draft steps of the 4B (shorter than a
 # full run: no memcheck, no end-to-end protocol). The steps per bundle come last; logs go to $OUT/ab.tgz.
 # A slim bundle (qspec and COMMIT only: `strip`ped copies keep several under the carry limit) skips the tests
 # and op timings it has no programs for and finds its libraries in the other bundles. QSPEC_AB_ROUNDS=N
-# times the steps in N alternating rounds (the machine drifts by ~1% between minutes).
+# times the steps in N alternating rounds (the machine drifts by ~1% between minutes). QSPEC_AB_VARIANTS
+# adds runs of a bundle under developer settings, "NAME=BUNDLE:VAR=VALUE[,VAR=VALUE...]" separated by spaces
+# (e.g. "pdloff=gpu-bundle-x:QSPEC_PDL=0"): their steps join every round, and with QSPEC_AB_VARIANT_TESTS=1
+# their GPU tests run too.
 ab() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
@@ -191,30 +224,31 @@ ab() {
   bundles=$(archived_bundles)
   export_bundle_libraries
   export QSPEC_COMMIT
-  local entry bundle name
+  local entry bundle name variant settings=()
   for entry in $bundles; do
     enter_bundle "$entry"
-    if [ -x "$bundle/qspec_cuda_tests" ]; then
-      local status=0
-      QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" --gtest_brief=1 >"$work/$name-tests.log" 2>&1 ||
-        status=$?
-      QSPEC_PREFILL_ATTENTION=rows64 QSPEC_FIXTURES_DIR="$PWD/tests/fixtures" "$bundle/qspec_cuda_tests" \
-        --gtest_brief=1 --gtest_filter='CudaOps.Attention*' >>"$work/$name-tests.log" 2>&1 || status=$?
-      echo "$name: cuda tests exit $status ($(grep -c '^\[  FAILED' "$work/$name-tests.log" || true) failed)"
-    fi
+    ab_tests "$name"
     [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
     [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
     if [ "${QSPEC_AB_OPS:-1}" = 1 ] && [ -x "$bundle/qspec_cuda_bench" ]; then  # ~60 s a bundle
       "$bundle/qspec_cuda_bench" "$work/$name-ops.json" >"$work/$name-ops.log" 2>&1 || echo "$name: op bench failed"
     fi
   done
+  if [ "${QSPEC_AB_VARIANT_TESTS:-0}" = 1 ]; then
+    for variant in ${QSPEC_AB_VARIANTS:-}; do
+      enter_variant "$variant"
+      ab_tests "$name" "${settings[@]}"
+    done
+  fi
   local round
   for round in $(seq "${QSPEC_AB_ROUNDS:-1}"); do
     for entry in $bundles; do
       enter_bundle "$entry"
-      "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" \
-        --prefill "${QSPEC_AB_PREFILL:-64,2048}" --out "$work/$name-records" \
-        >"$work/$name-round$round-steps.log" 2>&1 || echo "$name: qspec bench failed"
+      ab_steps "$name" "$round"
+    done
+    for variant in ${QSPEC_AB_VARIANTS:-}; do
+      enter_variant "$variant"
+      ab_steps "$name" "$round" "${settings[@]}"
     done
   done
   tar czf "$OUT/ab.tgz" -C "$work" .
