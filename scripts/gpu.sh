@@ -67,14 +67,14 @@ run_on_gpu() {
         --out "$OUT/records"; } 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
   done
   # Decode and verify at a 32k context, with the memory it takes (weights, state, workspaces).
-  if [ -d /tmp/qwen3.5-4b-w4a16-g32 ]; then
-    "$BUNDLE/qspec" bench --model /tmp/qwen3.5-4b-w4a16-g32 --backend cuda --context 32768 --prefill 64 \
+  if [ -d "$STEP_TARGET" ]; then
+    "$BUNDLE/qspec" bench --model "$STEP_TARGET" --backend cuda --context 32768 --prefill 64 \
       --out "$OUT/records" 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
   fi
   # Speculative decoding on the W4A16 target: the DFlash drafter's layout (W4A16 g128), the draft and commit
   # steps, then the competition protocol at oracle acceptance lengths.
   local spec_status=0
-  local target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
+  local target=$STEP_TARGET drafter=$STEP_DRAFTER
   if [ -d "$target" ]; then
     { "$BUNDLE/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" &&
       "$BUNDLE/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" --prefill 64 \
@@ -176,6 +176,16 @@ enter_bundle() {
   name=$(basename "$bundle")-$QSPEC_COMMIT
 }
 
+# The synthetic 4B target and drafter whose steps ab and graphs time, made by bundle folder $1's qspec unless
+# an earlier bundle made them.
+STEP_TARGET=/tmp/qwen3.5-4b-w4a16-g32
+STEP_DRAFTER=/tmp/dflash-qwen3.5-4b-w4a16-g128
+synth_step_models() {
+  [ -d "$STEP_TARGET" ] || "$1/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$STEP_TARGET" >/dev/null
+  [ -d "$STEP_DRAFTER" ] ||
+    "$1/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$STEP_DRAFTER" >/dev/null
+}
+
 # QSPEC_AB_VARIANTS entry $1 ("NAME=BUNDLE:VAR=VALUE,..."): enter_bundle's variables for its bundle, the
 # variant's name appended to `name`, and its assignments in the array `settings`.
 enter_variant() {
@@ -201,7 +211,7 @@ ab_tests() {
 ab_steps() {
   local log=$1 round=$2
   shift 2
-  env "$@" "$bundle/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" \
+  env "$@" "$bundle/qspec" bench --model "$STEP_TARGET" --backend cuda --draft-model "$STEP_DRAFTER" \
     --prefill "${QSPEC_AB_PREFILL:-64,2048}" --out "$work/$log-records" \
     >"$work/$log-round$round-steps.log" 2>&1 || echo "$log: qspec bench failed"
 }
@@ -218,7 +228,7 @@ ab_steps() {
 ab() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
-  local work=/tmp/ab target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
+  local work=/tmp/ab
   mkdir -p "$work"
   local bundles
   bundles=$(archived_bundles)
@@ -228,8 +238,7 @@ ab() {
   for entry in $bundles; do
     enter_bundle "$entry"
     ab_tests "$name"
-    [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
-    [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
+    synth_step_models "$bundle"
     if [ "${QSPEC_AB_OPS:-1}" = 1 ] && [ -x "$bundle/qspec_cuda_bench" ]; then  # ~60 s a bundle
       "$bundle/qspec_cuda_bench" "$work/$name-ops.json" >"$work/$name-ops.log" 2>&1 || echo "$name: op bench failed"
     fi
@@ -269,7 +278,6 @@ ab() {
 graphs() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
-  local target=/tmp/qwen3.5-4b-w4a16-g32 drafter=/tmp/dflash-qwen3.5-4b-w4a16-g128
   local bundles  # QSPEC_GRAPH_BUNDLES: some of them (names in the archive)
   bundles=${QSPEC_GRAPH_BUNDLES:-$(archived_bundles)}
   export_bundle_libraries
@@ -277,10 +285,9 @@ graphs() {
     bundle=$BUILD/$bundle
     local name
     name=$(basename "$bundle")-$(tr -c 'a-z0-9\n' - <"$bundle/COMMIT")
-    [ -d "$target" ] || "$bundle/qspec" synth --arch qwen3.5-4b --format w4a16-g32 --out "$target" >/dev/null
-    [ -d "$drafter" ] || "$bundle/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" >/dev/null
-    QSPEC_GRAPH_PROFILE="$OUT/graphs-$name.jsonl" "$bundle/qspec" bench --model "$target" --backend cuda \
-      --draft-model "$drafter" --prefill 64 --repeats 3 --out /tmp/graphs-records >"$OUT/graphs-$name.log" 2>&1 ||
+    synth_step_models "$bundle"
+    QSPEC_GRAPH_PROFILE="$OUT/graphs-$name.jsonl" "$bundle/qspec" bench --model "$STEP_TARGET" --backend cuda \
+      --draft-model "$STEP_DRAFTER" --prefill 64 --repeats 3 --out /tmp/graphs-records >"$OUT/graphs-$name.log" 2>&1 ||
       { echo "$name: qspec bench failed"; tail -5 "$OUT/graphs-$name.log"; }
     echo "#### $name"
     python3 scripts/graph_profile.py "$OUT/graphs-$name.jsonl"
