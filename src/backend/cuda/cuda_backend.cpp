@@ -83,9 +83,6 @@ class CudaBackend final : public Backend {
     stream_ = std::make_unique<CudaStream>();
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).
     static_cast<void>(programmatic_launch_enabled());
-    gdn_mixer_tickets_ = DeviceMemory(2 * kGdnMixerMaxHeads * sizeof(unsigned));
-    check_cuda(cudaMemset(gdn_mixer_tickets_.data(), 0, gdn_mixer_tickets_.bytes()),
-               "zeroing gdn_mixer's tickets");
   }
 
   std::string name() const override { return "cuda"; }
@@ -437,10 +434,9 @@ class CudaBackend final : public Backend {
       return;
     }
     check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
-    check_cuda(
-        launch_gdn_mixer({out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state}, w, shape, eps,
-                         update_state, static_cast<unsigned*>(gdn_mixer_tickets_.data()), stream()),
-        "gdn_mixer");
+    check_cuda(launch_gdn_mixer({out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state}, w,
+                                shape, eps, update_state, stream()),
+               "gdn_mixer");
   }
 
   // Prefill: the mixer's ops up to core, then its gated norm writes the rows in BF16 straight into cuBLAS's
@@ -542,7 +538,6 @@ class CudaBackend final : public Backend {
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
   DeviceMemory linear_counters_;       // its per-tile arrival counters
   DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
-  DeviceMemory gdn_mixer_tickets_;     // gdn_mixer's per-key-head tickets, zeroed once
   std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
 };
 

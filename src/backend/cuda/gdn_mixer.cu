@@ -8,13 +8,14 @@
 //      then the warps' in order), beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias);
 //   3. the recurrence on warps 0-3 with gdn_recurrence.cuh's lane layout and arithmetic, so a verify step's
 //      state, replayed by gdn_commit, is bit for bit what decode steps make;
-//   4. the gated RMSNorm: each slab stores its raw outputs and its sum of squares per token; the last slab
-//      of the head to finish (a ticket, release / acquire) adds the sums in slab order and normalises the
-//      row.
-// Every token's arithmetic is the same at T = 1 and 16. conv_out, beta and g are written for gdn_commit's
-// replay. All slabs of the value heads of one key head read its q / k conv state; with update_state the last
-// of them to have read it (a ticket per key head) writes the new one. The weights are read before the wait
-// (pdl.cuh) and every activation and state load is issued before the arithmetic that waits on it.
+//   4. each slab stores its raw outputs and its sum of squares per token.
+// Then gdn_mixer_finish_kernel: the gated RMSNorm of each (token, value head) from the slabs' sums in slab
+// order, and with update_state the new conv states (all slabs of the value heads of one key head read its q /
+// k conv state: no block of the mixer may write it). On the H200 the mixer's own tail (a ticket per value
+// head for the last slab to normalise, one per key head for its conv state) cost more than a second launch,
+// as the linears' split tails did (linear_mma.cu). Every token's arithmetic is the same at T = 1 and 16.
+// conv_out, beta and g are written for gdn_commit's replay. The weights are read before the wait (pdl.cuh)
+// and every activation and state load is issued before the arithmetic that waits on it.
 #include <cmath>
 
 #include "backend/cuda/gdn_recurrence.cuh"
@@ -37,9 +38,8 @@ static_assert(kMaxTokens <= kLinearMmaMaxRows,
 constexpr int kSlab = gdn::kSlabColumns;  // 32
 constexpr int kKernel = 4;                // the conv kernel size taken (Qwen3.5's)
 constexpr int kHistory = kKernel - 1;
-constexpr int kChunk = 8;        // hidden values per 16-byte BF16 weight load
-constexpr int kNormColumns = 4;  // a lane's columns of a row in the norm: dv <= 128
-constexpr int kNormTokens = (gdn::kStageTokens + kWarps - 1) / kWarps;  // a warp's tokens in the norm
+constexpr int kChunk = 8;            // hidden values per 16-byte BF16 weight load
+constexpr int kFinishThreads = 128;  // gdn_mixer_finish_kernel: a value head's row (dv <= 128), or channels
 static_assert(2 * gdn::kMaxKeyDim + kSlab <= kThreads, "a thread per conv channel");
 
 // A small per-layer weight (conv taps, a_log, dt_bias, the norm's) of any float type, read as F32.
@@ -76,7 +76,6 @@ struct MixerArgs {
   Scalars conv_weight, a_log, dt_bias, norm_weight;
   float* norm_partials;  // [T, nv * dv] (core): the slabs' sums of squares at (t, h * dv + slab)
   int64_t norm_partials_stride;
-  unsigned *conv_tickets, *norm_tickets;  // per key head, per value head; zero between calls
   int tokens, hidden_chunks;
   float eps;
   bool update_state;
@@ -92,10 +91,8 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   __shared__ float stage_beta[kMaxTokens], stage_decay[kMaxTokens];
   __shared__ float gate_partials[2][kMaxTokens][kWarps];
   __shared__ float stage_out[kMaxTokens][kSlab];
-  __shared__ bool last_slab, writes_key_conv_state;
 
   const int head = static_cast<int>(blockIdx.x), slab = static_cast<int>(blockIdx.y);
-  const int slabs = static_cast<int>(gridDim.y);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int T = a.tokens;
   const int ratio = d.num_value_heads / d.num_key_heads, key_head = head / ratio;
@@ -118,10 +115,6 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   const auto* a_weights = reinterpret_cast<const uint4*>(a.w_a + head * a.w_a_stride);
   float wb[kChunk] = {}, wa[kChunk] = {};  // the first chunk's, before the wait
   if (tid < a.hidden_chunks) bf16x8_to_float(b_weights[tid], wb), bf16x8_to_float(a_weights[tid], wa);
-  float norm_scale[kNormColumns] = {};  // the norm's weights at columns lane + 32 j
-#pragma unroll
-  for (int j = 0; j < kNormColumns; ++j)
-    if (lane + kWarpSize * j < d.dv) norm_scale[j] = a.norm_weight.at(0, lane + kWarpSize * j);
   wait_for_previous_kernel();
   allow_next_kernel();
 
@@ -143,19 +136,6 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     for (int t = 0; t < kMaxTokens; ++t)
       if (t < T) inputs[t] = a.qkvz[t * a.qkvz_stride + channel];
   }
-  // z of the norm's tokens warp + kWarps n: only the head's last slab to finish uses it, but loading it now
-  // keeps it off that block's tail.
-  float z[kNormTokens][kNormColumns] = {};
-#pragma unroll
-  for (int n = 0; n < kNormTokens; ++n) {
-    const int t = warp + kWarps * n;
-    const float* z_row =
-        a.qkvz + t * a.qkvz_stride + 2 * nk_dk + static_cast<int64_t>(d.num_value_heads + head) * d.dv;
-#pragma unroll
-    for (int j = 0; j < kNormColumns; ++j)
-      if (t < T && lane + kWarpSize * j < d.dv) z[n][j] = z_row[lane + kWarpSize * j];
-  }
-
   // 1. The conv: into the stage, and conv_out (the q / k channels by one block of the key head).
   if (convolves) {
     const bool writes_output = tid >= 2 * d.dk || (head % ratio == 0 && slab == 0);
@@ -210,11 +190,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     const float b_total = warp_sum(b_sum[t]), a_total = warp_sum(a_sum[t]);
     if (lane == 0) gate_partials[0][t][warp] = b_total, gate_partials[1][t][warp] = a_total;
   }
-  __syncthreads();  // every conv state read is done; the stage and the gate partials are in
-
-  // With update_state the last block of the key head to have read its q / k conv state writes it; the
-  // ticket's answer is needed only at the end.
-  const unsigned conv_ticket = a.update_state && tid == 0 ? take_ticket(a.conv_tickets + key_head) : 0;
+  __syncthreads();  // the stage and the gate partials are in
 
   // The gates (threads t < T: beta, T + t: g), then q and k normalised as gdn_recurrence.cuh stages them.
   if (tid < 2 * T) {
@@ -271,38 +247,44 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     if (lane == 0)
       a.norm_partials[t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + slab] = squares;
   }
-  __syncthreads();  // the raw outputs and the sums are stored before thread 0's ticket releases them
-  if (tid == 0) {
-    last_slab = take_ticket(a.norm_tickets + head) == static_cast<unsigned>(slabs - 1);
-    if (last_slab) a.norm_tickets[head] = 0;  // ready for the next call
-    if (a.update_state) {
-      const bool last_reader = conv_ticket == static_cast<unsigned>(ratio * slabs - 1);
-      if (last_reader) a.conv_tickets[key_head] = 0;
-      writes_key_conv_state = last_reader;
-    }
-  }
-  __syncthreads();
-  if (a.update_state && convolves && (tid >= 2 * d.dk || writes_key_conv_state)) {
-#pragma unroll
-    for (int j = 0; j < kHistory; ++j) a.conv_state[channel * a.conv_state_stride + j] = history[j];
-  }
-  if (!last_slab) return;
+}
 
-  // 4. The gated RMSNorm of the head's row, by the last slab: warp w takes tokens w + kWarps n.
-  for (int n = 0; n < kNormTokens; ++n) {
-    const int t = warp + kWarps * n;
-    if (t >= T) break;
+// After gdn_mixer_kernel: blocks [0, T * nv) each normalise a (token, value head) row (a thread a column: its
+// slabs' sums of squares added in slab order from zero, then gated_norm); with update_state the blocks after
+// them write the new conv states, a thread a channel: the last kHistory of (the state, the T inputs).
+__global__ void __launch_bounds__(kFinishThreads)
+    gdn_mixer_finish_kernel(MixerArgs a, gdn::Dims d, int slabs) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const float norm_scale = tid < d.dv ? a.norm_weight.at(0, tid) : 0.0f;
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const int T = a.tokens;
+  const int64_t nk_dk = static_cast<int64_t>(d.num_key_heads) * d.dk;
+  const int64_t rows = int64_t{T} * d.num_value_heads;
+  const int64_t block = blockIdx.x;
+  if (block < rows) {
+    const int64_t t = block / d.num_value_heads;
+    const int head = static_cast<int>(block % d.num_value_heads);
+    if (tid >= d.dv) return;
+    const float* partials = a.norm_partials + t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv;
     float squares = 0.0f;
-    for (int k = 0; k < slabs; ++k)
-      squares += __ldcg(a.norm_partials + t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + k);
+    for (int k = 0; k < slabs; ++k) squares += partials[k];
     const float inverse_rms = 1.0f / sqrtf(squares / static_cast<float>(d.dv) + a.eps);
-    float* y = a.out + t * a.out_stride + static_cast<int64_t>(head) * d.dv;
-#pragma unroll
-    for (int j = 0; j < kNormColumns; ++j) {
-      const int c = lane + kWarpSize * j;
-      if (c < d.dv) y[c] = gated_norm(norm_scale[j], __ldcg(y + c), inverse_rms, z[n][j]);
-    }
+    const float z =
+        a.qkvz[t * a.qkvz_stride + 2 * nk_dk + static_cast<int64_t>(d.num_value_heads + head) * d.dv + tid];
+    float* y = a.out + t * a.out_stride + static_cast<int64_t>(head) * d.dv + tid;
+    *y = gated_norm(norm_scale, *y, inverse_rms, z);
+    return;
   }
+  const int64_t channel = (block - rows) * kFinishThreads + tid;
+  if (!a.update_state || channel >= 2 * nk_dk + static_cast<int64_t>(d.num_value_heads) * d.dv) return;
+  float* const history = a.conv_state + channel * a.conv_state_stride;
+  float next[kHistory];
+#pragma unroll
+  for (int j = 0; j < kHistory; ++j)
+    next[j] = T + j < kHistory ? history[T + j] : a.qkvz[(T + j - kHistory) * a.qkvz_stride + channel];
+#pragma unroll
+  for (int j = 0; j < kHistory; ++j) history[j] = next[j];
 }
 
 }  // namespace
@@ -312,14 +294,14 @@ bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, co
   const auto& [nk, nv, dk, dv] = shape;
   auto floats = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
   return qkvz.rows >= 1 && qkvz.rows <= kMaxTokens && w.conv_weight.cols == kKernel &&
-         nv <= kGdnMixerMaxHeads && dk <= gdn::kMaxKeyDim && dv <= kWarpSize * kNormColumns &&
+         dk <= gdn::kMaxKeyDim && dv <= kFinishThreads &&
          gdn::recurrence_fits(state.ptr<const float>(), state.stride, dk, dv) &&
          gdn_gates_linear_supports(x, w.w_b, w.w_a) && floats(w.conv_weight.dtype) && floats(w.a_log.dtype) &&
          floats(w.dt_bias.dtype) && floats(w.norm_weight.dtype) && w.norm_weight.cols == dv;
 }
 
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& o, const GdnMixerWeights& w, const GdnShape& shape,
-                             float eps, bool update_state, unsigned* tickets, cudaStream_t stream) {
+                             float eps, bool update_state, cudaStream_t stream) {
   const auto& [nk, nv, dk, dv] = shape;
   const MixerArgs args{o.out.ptr<float>(),
                        o.out.stride,
@@ -347,18 +329,23 @@ cudaError_t launch_gdn_mixer(const GdnMixerOperands& o, const GdnMixerWeights& w
                        {w.norm_weight.data, w.norm_weight.dtype, 0},
                        o.core.ptr<float>(),
                        o.core.stride,
-                       tickets,
-                       tickets + kGdnMixerMaxHeads,
                        static_cast<int>(o.qkvz.rows),
                        static_cast<int>(o.x.cols / kChunk),
                        eps,
                        update_state};
   const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
   const gdn::Dims dims{nk, nv, dk, dv, query_scale};
-  const dim3 grid(static_cast<unsigned>(nv), static_cast<unsigned>(gdn::slabs(dv)));
-  return gdn::with_rows_per_lane(dk, [&](auto rows) {
+  const int slabs = gdn::slabs(dv);
+  const dim3 grid(static_cast<unsigned>(nv), static_cast<unsigned>(slabs));
+  const cudaError_t status = gdn::with_rows_per_lane(dk, [&](auto rows) {
     return launch_kernel(gdn_mixer_kernel<decltype(rows)::value>, grid, kThreads, 0, stream, args, dims);
   });
+  if (status != cudaSuccess) return status;
+  const int64_t channels = 2 * int64_t{nk} * dk + int64_t{nv} * dv;
+  const int64_t finish_blocks =
+      o.qkvz.rows * nv + (update_state ? (channels + kFinishThreads - 1) / kFinishThreads : 0);
+  return launch_kernel(gdn_mixer_finish_kernel, static_cast<unsigned>(finish_blocks), kFinishThreads, 0,
+                       stream, args, dims, slabs);
 }
 
 }  // namespace qspec::cuda

@@ -181,19 +181,16 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
                                               bool update_state, cudaStream_t stream);
-// gdn_mixer.cu: Backend::gdn_mixer as one kernel for 1..16 tokens (conv kernel 4, dk and dv <= 128, the state
-// as gdn_recurrence.cuh takes it, the gates as gdn_gates_linear_supports takes them, at most
-// kGdnMixerMaxHeads value heads). `tickets` holds 2 * kGdnMixerMaxHeads counters, zero between calls; core is
-// its scratch.
-inline constexpr int kGdnMixerMaxHeads = 256;
+// gdn_mixer.cu: Backend::gdn_mixer as a kernel and its finish (the gated norm, the conv states) for 1..16
+// tokens (conv kernel 4, dk and dv <= 128, the state as gdn_recurrence.cuh takes it, the gates as
+// gdn_gates_linear_supports takes them); core is its scratch.
 struct GdnMixerOperands {
   Tensor out, conv_out, beta, g, core, qkvz, x, conv_state, state;
 };
 bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, const GdnMixerWeights& w,
                     const GdnShape& shape);
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWeights& w,
-                             const GdnShape& shape, float eps, bool update_state, unsigned* tickets,
-                             cudaStream_t stream);
+                             const GdnShape& shape, float eps, bool update_state, cudaStream_t stream);
 
 // gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers); a layer whose state
 // gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel. Conv kernel sizes <=
