@@ -229,6 +229,7 @@ ab() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
   local work=/tmp/ab
+  rm -rf "$work"  # a warm machine keeps /tmp: an earlier call's logs would join this call's
   mkdir -p "$work"
   local bundles
   bundles=$(archived_bundles)
