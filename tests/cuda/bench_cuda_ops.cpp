@@ -151,7 +151,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
     for (int64_t rows : {1, 16}) {
       const Tensor x = bench.activation(rows, k, -1, 1);
       const Tensor out = bench.activation(rows, n, -1, 1);
-      // One chunk per split: the most partial sums and counters of any tuning.
+      // One chunk per split: the most partial sums of any tuning.
       const cuda_test::LinearMmaWorkspaceBuffers workspace_buffers(bench.backend, rows, n, k, 1);
       const cuda::LinearMmaWorkspace workspace = workspace_buffers.get();
       // Seconds per call; launched on the default stream (not the backend's), so waited for with device
@@ -191,7 +191,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
                  default_seconds * 1e6, best_seconds * 1e6, best);
       if (rows != 1) continue;
       // The one-row kernel's unit: 1 .. all splits of K per unit (the split itself, the sums, unchanged).
-      const int64_t splits = cuda::linear_mma_workspace_size(1, n, k).partial_floats / n;
+      const int64_t splits = cuda::linear_mma_partial_floats(1, n, k) / n;
       std::string parts_line;
       for (int64_t per_part = 1; per_part <= std::max<int64_t>(splits, 1); ++per_part) {
         const double seconds = time_tuning({0, 0, true, per_part});

@@ -564,10 +564,8 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
                                c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
                    batch, single, kExact);
       // The one-row kernel's units of several splits (LinearMmaTuning::row_splits_per_part) add the same
-      // sums; so do units of one split on a grid of two blocks, where a warp's run is capped at 32 units
-      // and a warp takes the last ticket of several tiles.
-      const int64_t splits =
-          static_cast<int64_t>(cuda::linear_mma_workspace_size(1, c.n, c.k).partial_floats) / c.n;
+      // sums; so do units of one split on a grid of two blocks, where a warp walks many units and tiles.
+      const int64_t splits = static_cast<int64_t>(cuda::linear_mma_partial_floats(1, c.n, c.k)) / c.n;
       if (splits < 2) continue;
       const LinearMmaWorkspaceBuffers workspace(b.gpu(), 1, c.n, c.k);
       struct Units {

@@ -514,14 +514,10 @@ class CudaBackend final : public Backend {
   }
 
   // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
-  // recorded. New counters start at zero; the kernel leaves them at zero.
+  // recorded.
   LinearMmaWorkspace linear_mma_workspace(int64_t rows, const LinearWeight& w) {
-    const LinearMmaWorkspaceSize size = linear_mma_workspace_size(rows, w.out_features, w.in_features);
-    grow(linear_partials_, size.partial_floats * sizeof(float));
-    if (grow(linear_counters_, size.counters * sizeof(unsigned)))
-      check_cuda(cudaMemsetAsync(linear_counters_.data(), 0, linear_counters_.bytes(), stream()),
-                 "linear counters");
-    return {static_cast<float*>(linear_partials_.data()), static_cast<unsigned*>(linear_counters_.data())};
+    grow(linear_partials_, linear_mma_partial_floats(rows, w.out_features, w.in_features) * sizeof(float));
+    return {static_cast<float*>(linear_partials_.data())};
   }
 
   bool bf16_copies_;  // BackendOptions::bf16_copies
@@ -536,7 +532,6 @@ class CudaBackend final : public Backend {
   DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 K/V
   DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
-  DeviceMemory linear_counters_;       // its per-tile arrival counters
   DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
   std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
 };

@@ -51,15 +51,6 @@ __device__ inline void split_bf16_pair(float low, float high, uint32_t& hi, uint
   }
 }
 
-// A ticket: the arrival count at `counter` before this one. Release: what this thread (or the block / warp
-// ordered before it by a barrier) stored is visible to whoever acquires a later ticket; acquire: the last
-// arrival sees what every earlier one stored. No full fence: one waits for every access in flight.
-__device__ inline unsigned take_ticket(unsigned* counter) {
-  unsigned before;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
-  return before;
-}
-
 __device__ inline float warp_sum(float v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

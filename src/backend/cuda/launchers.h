@@ -49,19 +49,13 @@ cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor
 
 // linear_mma.cu: out = x W^T on tensor cores for up to kLinearMmaMaxRows rows of x, W4A16 (K and group size
 // multiples of 32) or BF16 weights, x exact to ~2^-16 (split into two BF16 parts). K may be split over
-// blocks; the workspace then holds the partial sums and one zeroed counter per output tile (the kernel
-// leaves them zero).
+// blocks; the workspace then holds their partial sums.
 // More rows take gemm_linear.h (BF16 products): the many-row kernel's passes of 16 rows cost more from
 // about 32 rows on (prefill of 64 tokens 11.5 -> 9.7 ms, of 128 tokens 18.9 -> 10.5 ms on the H200 with the
 // limit at 32 instead of 128; session 9).
 inline constexpr int64_t kLinearMmaMaxRows = 32;
 struct LinearMmaWorkspace {
   float* partials = nullptr;
-  unsigned* counters = nullptr;
-};
-struct LinearMmaWorkspaceSize {
-  size_t partial_floats = 0;
-  size_t counters = 0;
 };
 // The kernels' knobs, for benchmarks and tests (0: the default). chunks_per_split (128 k each) sets the
 // split of K, and with it the order of a row's sums; grid_blocks (default: one block per item, or the
@@ -77,8 +71,9 @@ struct LinearMmaTuning {
   bool ring_kernel = true;
 };
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
-LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features,
-                                                 int64_t chunks_per_split = 0);
+// The workspace's partial sums (floats) of a call with `rows` rows of x.
+size_t linear_mma_partial_floats(int64_t rows, int64_t out_features, int64_t in_features,
+                                 int64_t chunks_per_split = 0);
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning = {});

@@ -26,9 +26,8 @@
 // loaded register before its chunk is computed (a copy or a repacking there waits for the load, and the loads
 // in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output features
 // at K 9216), K is split over blocks in a way that depends on N and K only, and the splits' partials are
-// added in split order (by the last block of a tile group to finish, or by a kernel of their own after the
-// ring and one-row kernels), so results depend neither on timing nor on how many rows share the call (a row's
-// arithmetic is the same at M = 1 and 16).
+// added in split order by a kernel of their own (sum_split_partials_kernel), so results depend neither on
+// timing nor on how many rows share the call (a row's arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -436,9 +435,8 @@ struct MmaArgs {
   int64_t rows, out_features, in_features;
   int passes, splits;  // rows / 16 (rounded up); parts of K
   int64_t chunks, chunks_per_split;
-  int64_t items;       // tile groups x splits x passes
-  float* partials;     // [splits][rows][out_features] when split
-  unsigned* counters;  // the many-row kernel's: one per (tile group, pass), zero between calls
+  int64_t items;    // tile groups x splits x passes
+  float* partials;  // [splits][rows][out_features] when split
 };
 
 // One block's unit of work: a tile group, one split of K, one pass of 16 rows. Passes vary fastest, so the
@@ -677,50 +675,10 @@ __device__ void store_item_sums(const MmaArgs& a, const MmaItem& item, const flo
     }
 }
 
-// After every tile of the block stored its sums (store_item_sums), with K split: the last block of the
-// group of kFeatures features (item.group) to finish adds the splits' partials in split order, kBatch
-// elements a thread with kSplitsInFlight splits of each loaded at once (each round an L2 round trip on the
-// call's tail: 16 rows of 128 features and 18 splits took 20 with 4 x 4).
-template <int kFeatures, int kRows, int kBatch, int kSplitsInFlight>
-__device__ void sum_item_splits(const MmaArgs& a, const MmaItem& item, bool* last_block) {
-  if (a.splits == 1) return;
-  const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
-  const int rows_here = static_cast<int>(min64(a.rows - first_row, kRows));
-  __syncthreads();  // the block's partials are stored before thread 0's ticket releases them
-  if (threadIdx.x == 0) {
-    unsigned* counter = a.counters + item.group * a.passes + item.pass;
-    *last_block = take_ticket(counter) == static_cast<unsigned>(a.splits - 1);
-    if (*last_block) *counter = 0;  // ready for the next call (and the next replay of a step graph)
-  }
-  __syncthreads();  // the last block reads the partials after thread 0's ticket acquired them
-  if (!*last_block) return;
-  // Elements past the group's rows or features read element 0.
-  const int elements = kFeatures * rows_here;
-  for (int first = static_cast<int>(threadIdx.x); first < elements; first += kBatch * kThreads) {
-    int64_t offset[kBatch];
-    bool valid[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int e = first + b * kThreads;
-      const int64_t feature = item.group * kFeatures + e % kFeatures;
-      valid[b] = e < elements && feature < a.out_features;
-      offset[b] = valid[b] ? (first_row + e / kFeatures) * a.out_features + feature : 0;
-    }
-    float total[kBatch];
-    sum_splits<kBatch, kSplitsInFlight>(a.partials, a.rows * a.out_features, a.splits, offset, total);
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      if (valid[b]) {
-        const int e = first + b * kThreads;
-        a.out[(first_row + e / kFeatures) * a.out_stride + item.group * kFeatures + e % kFeatures] = total[b];
-      }
-  }
-}
-
-// The ring and one-row kernels leave a split call's sums to a kernel of their own: their blocks store their
-// partials and leave, where the last one to finish used to take a ticket and add them on the call's tail (the
-// stores' release, the ticket's round trip and the sums' loads on every block's path: 37% of the ring
-// linears' time in a verify step on the H200; with this kernel verify 3.94 -> 3.53 ms, decode 2.12 -> 2.09).
+// The linears leave a split call's sums to a kernel of their own: their blocks store their partials and
+// leave, where the last one to finish used to take a ticket and add them on the call's tail (the stores'
+// release, the ticket's round trip and the sums' loads on every block's path: 37% of the ring linears' time
+// in a verify step on the H200; with this kernel verify 3.94 -> 3.53 ms, decode 2.12 -> 2.09).
 // A split call's partials ([splits][rows][features]) and where their sums go.
 struct SplitPartials {
   float* out;
@@ -730,8 +688,8 @@ struct SplitPartials {
   int splits;
 };
 
-// Element (row, feature) of the output is its splits' partials added in split order from zero, as the
-// many-row kernel's last block adds them (sum_item_splits): the same bits. A thread an element.
+// Element (row, feature) of the output is its splits' partials added in split order from zero. A thread an
+// element.
 constexpr int kSplitSumThreads = 256;
 
 __global__ void __launch_bounds__(kSplitSumThreads) sum_split_partials_kernel(SplitPartials p) {
@@ -749,6 +707,12 @@ cudaError_t launch_split_sums(const SplitPartials& p, cudaStream_t stream) {
   return launch_kernel(sum_split_partials_kernel,
                        static_cast<unsigned>((elements + kSplitSumThreads - 1) / kSplitSumThreads),
                        kSplitSumThreads, 0, stream, p);
+}
+
+// After a many-row kernel's launch (`status`): the sums of its split partials, if K was split.
+cudaError_t launch_split_sums_after(cudaError_t status, const MmaArgs& a, cudaStream_t stream) {
+  if (status != cudaSuccess || a.splits == 1) return status;
+  return launch_split_sums({a.out, a.out_stride, a.partials, a.rows, a.out_features, a.splits}, stream);
 }
 
 // One staged chunk of x times kTiles tiles' weights of that chunk, into the tiles' sums: the arithmetic of
@@ -806,7 +770,6 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
   constexpr int kRowWords = kStageK * kXWords<kForm> / 8 + (kScaled ? 16 : 4);
   __shared__ uint4 x_stage_storage[kRows * kRowWords / 4];
   __shared__ float x_scales[kScaled ? kRows * kStageChunks : 1];
-  __shared__ bool last_block;
   const XStage x_stage{reinterpret_cast<uint32_t*>(x_stage_storage), x_scales, kRowWords, kStageChunks};
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -868,7 +831,6 @@ __global__ void __launch_bounds__(kThreads, kMmaBlocksPerMultiprocessor)
 
     if (next_index != item_index) {
       store_item_sums<kHalves>(a, item, acc[0], first_feature_of(item.group), g, q);
-      sum_item_splits<kGroupFeatures, kRows, 4, 4>(a, item, &last_block);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h)
 #pragma unroll
@@ -1195,8 +1157,10 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
   // faster at any W4A16 shape of the 4B and up to 25% slower at 16 rows (bench/results/cuda-ops-notes.md).
   const int64_t blocks =
       tuning.grid_blocks > 0 && tuning.grid_blocks < args.items ? tuning.grid_blocks : args.items;
-  return launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX, kWholeChunks>,
-                       static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights);
+  return launch_split_sums_after(
+      launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX, kWholeChunks>,
+                    static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights),
+      args, stream);
 }
 
 // The ring kernel's shared memory is at most this (3 blocks of it fit an H200 SM's 227 KB).
@@ -1209,12 +1173,10 @@ cudaError_t launch_ring_kernel(const MmaArgs& args, const Weights& weights, int6
       cudaFuncSetAttribute(linear_ring_kernel<Weights, kHalves, kAlignedX>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
   if (attribute != cudaSuccess) return attribute;
-  const cudaError_t status =
+  return launch_split_sums_after(
       launch_kernel(linear_ring_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
-                    kThreads, static_cast<size_t>(bytes), stream, args, weights);
-  if (status != cudaSuccess || args.splits == 1) return status;
-  return launch_split_sums(
-      {args.out, args.out_stride, args.partials, args.rows, args.out_features, args.splits}, stream);
+                    kThreads, static_cast<size_t>(bytes), stream, args, weights),
+      args, stream);
 }
 
 template <typename Weights, int kHalves>
@@ -1236,8 +1198,7 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      split.chunks,
                      split.chunks_per_split,
                      groups * split.splits * passes,
-                     workspace.partials,
-                     workspace.counters};
+                     workspace.partials};
   const bool aligned_x = rows_aligned_to_float4(x);
   if constexpr (Weights::kRingCopies) {
     const int64_t bytes = RingLayout::bytes(kHalves * 8, split.chunks_per_split);
@@ -1355,14 +1316,10 @@ bool aligned(const void* p, uintptr_t bytes) {
 
 }  // namespace
 
-LinearMmaWorkspaceSize linear_mma_workspace_size(int64_t rows, int64_t out_features, int64_t in_features,
-                                                 int64_t chunks_per_split) {
+size_t linear_mma_partial_floats(int64_t rows, int64_t out_features, int64_t in_features,
+                                 int64_t chunks_per_split) {
   const MmaSplit split = mma_split(out_features, in_features, chunks_per_split);
-  if (split.splits == 1) return {};
-  // One counter per tile group and pass: the many-row kernel's last-block tickets.
-  const int64_t groups = (out_features + kGroupFeatures - 1) / kGroupFeatures;
-  return {static_cast<size_t>(split.splits * rows * out_features),
-          static_cast<size_t>(groups * row_passes(rows))};
+  return split.splits == 1 ? 0 : static_cast<size_t>(split.splits * rows * out_features);
 }
 
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w) {
