@@ -229,7 +229,7 @@ ab() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
   tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
   local work=/tmp/ab
-  rm -rf "$work"  # a warm machine keeps /tmp: an earlier call's logs would join this call's
+  rm -rf "$work"  # an earlier call on the same machine must not add its logs to this one
   mkdir -p "$work"
   local bundles
   bundles=$(archived_bundles)
