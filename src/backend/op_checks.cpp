@@ -358,7 +358,7 @@ void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tenso
   check_gated_delta_rule_args(core, conv_out, beta, g, recurrent_state, shape);
   check_norm_args("gdn_mixer", out, core, w.norm_weight);
   check_norm_gate_args(z, core);
-  // One kernel writes every output while it reads its inputs (CUDA), so none may share bytes.
+  // Its kernels write every output while they read the inputs (CUDA), so none may share bytes.
   const std::pair<std::string_view, const Tensor*> outputs[] = {
       {"out", &out}, {"conv_out", &conv_out}, {"beta", &beta}, {"g", &g}, {"core", &core}};
   const std::pair<std::string_view, const Tensor*> inputs[] = {{"qkvz", &qkvz}, {"x", &x}};

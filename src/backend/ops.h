@@ -222,8 +222,8 @@ class Backend {
   // A GDN layer's mixer, between its input and output projections: conv1d_silu of qkvz's first C columns into
   // conv_out, gdn_gates_linear of x into beta and g, gated_delta_rule into core, then gated_rmsnorm of core
   // with z (qkvz's last nv*dv columns) into out; update_state as in conv1d_silu and gated_delta_rule. The
-  // default composes the four ops; CUDA runs a decode or verify step's as one kernel (core: its scratch). The
-  // outputs (out, conv_out, beta, g, core) overlap neither each other nor qkvz or x.
+  // default composes the four ops; CUDA runs a decode or verify step's as two kernels (core: their scratch).
+  // The outputs (out, conv_out, beta, g, core) overlap neither each other nor qkvz or x.
   virtual void gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                          const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,

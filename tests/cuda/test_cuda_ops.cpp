@@ -673,7 +673,8 @@ TEST(CudaOps, LinearMmaDeclinesWeightsPast32BitOffsets) {
 // for bit: the same items and arithmetic, only the loads differ. Rows in one pass (2, 3, 8, 16) and two (17,
 // 32); g32 (vector scales) and g128, BF16 and F16 scales; the default splits of K and chosen ones
 // (chunks_per_split: a short last split, one split, 8 chunks a split at 2 and 8 rows); features past the last
-// tile; x rows 16-byte aligned and not.
+// tile; x rows 16-byte aligned and not. The register kernel also on a grid of two blocks that walk every item
+// (LinearMmaTuning::grid_blocks): their partials, then the split sums, make the same outputs.
 TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
   std::mt19937 rng(63);
   auto& b = backends();
@@ -706,21 +707,29 @@ TEST(CudaOps, LinearRingKernelEqualsRegisterKernel) {
       cuda::LinearMmaTuning ring_kernel, register_kernel;
       ring_kernel.chunks_per_split = register_kernel.chunks_per_split = c.chunks_per_split;
       register_kernel.ring_kernel = false;
+      cuda::LinearMmaTuning walking_register_kernel = register_kernel;
+      walking_register_kernel.grid_blocks = 2;
       for (int64_t offset : {4, 1}) {
         const Tensor x = wide.gpu().cols_view(offset, c.k);
-        TensorPair ring = b.poisoned(rows, c.n), registers = b.poisoned(rows, c.n);
+        TensorPair ring = b.poisoned(rows, c.n), registers = b.poisoned(rows, c.n),
+                   walking = b.poisoned(rows, c.n);
         b.gpu().synchronize();
         cuda::check_cuda(cuda::launch_linear_mma(ring.gpu(), x, w, workspace, nullptr, ring_kernel),
                          "ring kernel");
         cuda::check_cuda(cuda::launch_linear_mma(registers.gpu(), x, w, workspace, nullptr, register_kernel),
                          "register-held kernel");
+        cuda::check_cuda(
+            cuda::launch_linear_mma(walking.gpu(), x, w, workspace, nullptr, walking_register_kernel),
+            "register-held kernel on two walking blocks");
         cuda::check_cuda(cudaDeviceSynchronize(), "linear kernels");
-        expect_close(
-            "linear",
-            fmt::format("linear W4A16 g{} {} scales M={} N={} K={} chunks/split {}, x at column {}: ring "
-                        "vs register-held kernel",
-                        c.group, dtype_label(c.scale_dtype), rows, c.n, c.k, c.chunks_per_split, offset),
-            b.read_gpu(ring.gpu()), b.read_gpu(registers.gpu()), kExact);
+        const std::vector<float> ring_values = b.read_gpu(ring.gpu());
+        const std::string shape =
+            fmt::format("linear W4A16 g{} {} scales M={} N={} K={} chunks/split {}, x at column {}", c.group,
+                        dtype_label(c.scale_dtype), rows, c.n, c.k, c.chunks_per_split, offset);
+        expect_close("linear", shape + ": ring vs register-held kernel", ring_values,
+                     b.read_gpu(registers.gpu()), kExact);
+        expect_close("linear", shape + ": ring vs register-held kernel on two walking blocks", ring_values,
+                     b.read_gpu(walking.gpu()), kExact);
       }
     }
   }
@@ -1791,7 +1800,7 @@ struct MixerOutputs {
 // most 1 here), and the norm divides by a sum of squares added in another order.
 constexpr double kGdnMixerTolerance = 1e-4;
 
-// The CUDA gdn_mixer (one kernel for T <= 16 on these shapes: checked) against the CPU composition of
+// The CUDA gdn_mixer (the fused kernels for T <= 16 on these shapes: checked) against the CPU composition of
 // conv1d_silu, gdn_gates_linear, gated_delta_rule and gated_rmsnorm: the 4B layer, a fixture-sized one, one
 // with dv 20 and three value heads per key head, and dk 16 with dv 36 (two slabs, the second of 4 columns).
 // Every output and both states; conv outputs and state to kElementwiseTolerance / exactly, the gates to

@@ -495,12 +495,11 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream() const { return stream_->get(); }
 
-  // Reallocates `memory` when it holds fewer than `bytes` (the old contents are dropped); true when it did.
-  bool grow(DeviceMemory& memory, size_t bytes) {
-    if (bytes <= memory.bytes()) return false;
+  // Reallocates `memory` when it holds fewer than `bytes` (the old contents are dropped).
+  void grow(DeviceMemory& memory, size_t bytes) {
+    if (bytes <= memory.bytes()) return;
     memory = DeviceMemory(bytes);
     ++workspace_generation_;
-    return true;
   }
 
   // More rows of x than the tensor-core linears take, with weights cuBLAS takes: the BF16 GEMM path.

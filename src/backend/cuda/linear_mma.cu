@@ -676,9 +676,9 @@ __device__ void store_item_sums(const MmaArgs& a, const MmaItem& item, const flo
 }
 
 // The linears leave a split call's sums to a kernel of their own: their blocks store their partials and
-// leave, where the last one to finish used to take a ticket and add them on the call's tail (the stores'
-// release, the ticket's round trip and the sums' loads on every block's path: 37% of the ring linears' time
-// in a verify step on the H200; with this kernel verify 3.94 -> 3.53 ms, decode 2.12 -> 2.09).
+// leave. Sums by the last block to finish (found by a ticket) would put the stores' release, the ticket's
+// round trip and the sums' loads on every block's path: 37% of the ring linears' time in a verify step on the
+// H200 (with this kernel verify 3.94 -> 3.53 ms, decode 2.12 -> 2.09).
 // A split call's partials ([splits][rows][features]) and where their sums go.
 struct SplitPartials {
   float* out;
