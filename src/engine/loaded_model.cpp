@@ -7,7 +7,8 @@
 
 namespace qspec {
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
+std::unique_ptr<Backend> make_backend(const std::string& name,
+                                      [[maybe_unused]] const BackendOptions& options) {
   if (name == "cpu") return make_cpu_backend();  // nothing in the options concerns the CPU
 #if QSPEC_HAVE_CUDA
   if (name == "cuda") return make_cuda_backend(options);
