@@ -563,18 +563,15 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
                    fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}, x at column {}",
                                c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
                    batch, single, kExact);
-      // The one-row kernel's units of several splits (LinearMmaTuning::row_splits_per_part) add the same
-      // sums; so do units of one split on a grid of two blocks, where a warp walks many units and tiles.
+      // The one-row kernel's units of one split, of several (LinearMmaTuning::row_splits_per_part), and of
+      // the whole of K add the same sums.
       const int64_t splits = static_cast<int64_t>(cuda::linear_mma_partial_floats(1, c.n, c.k)) / c.n;
       if (splits < 2) continue;
       const LinearMmaWorkspaceBuffers workspace(b.gpu(), 1, c.n, c.k);
-      struct Units {
-        int64_t splits_per_part, grid_blocks;
-      };
-      for (const Units units : {Units{2, 0}, Units{3, 0}, Units{splits, 0}, Units{1, 2}}) {
+      for (const int64_t splits_per_part : {int64_t{1}, int64_t{2}, int64_t{3}, splits}) {
         TensorPair parts = b.poisoned(kRows, c.n);
         b.gpu().synchronize();
-        const cuda::LinearMmaTuning tuning{0, units.grid_blocks, true, units.splits_per_part, true};
+        const cuda::LinearMmaTuning tuning{0, 0, true, splits_per_part, true};
         for (int64_t r = 0; r < kRows; ++r)
           cuda::check_cuda(cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w,
                                                    workspace.get(), nullptr, tuning),
@@ -582,11 +579,10 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
         cuda::check_cuda(cudaDeviceSynchronize(), "linear with several splits per unit");
         expect_close(
             "linear",
-            fmt::format("linear {} M=16 rows vs M=1 each with {} of {} splits per unit, grid {}, N={} "
-                        "K={}, x at column {}",
-                        c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), units.splits_per_part,
-                        splits, units.grid_blocks == 0 ? "default" : std::to_string(units.grid_blocks), c.n,
-                        c.k, offset),
+            fmt::format("linear {} M=16 rows vs M=1 each with {} of {} splits per unit, N={} K={}, x at "
+                        "column {}",
+                        c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), splits_per_part, splits,
+                        c.n, c.k, offset),
             batch, b.read_gpu(parts.gpu()), kExact);
       }
     }

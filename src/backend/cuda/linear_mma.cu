@@ -940,11 +940,10 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 }
 
 // One row of x (a decode step) is a stream of weights against a vector that fits in shared memory. Units
-// (16-feature tile, part of K: a whole number of splits) are numbered part-major; every warp walks a run of
-// consecutive units (one part, or two, and consecutive tiles), keeping kRowRingDepth chunks of weights in
-// flight across unit boundaries, and a block stages only the slice of x that its warps' parts read (a
-// 9216-value x was staged whole by each of ~528 blocks: more bytes through L2 than the weights), with one
-// barrier after the staging and none after that; for the gated MLP's down projection the staging makes
+// (16-feature tile, part of K: a whole number of splits) are numbered part-major and each warp computes one,
+// keeping kRowRingDepth chunks of weights in flight; a block stages only the slice of x that its warps' parts
+// read (a 9216-value x was staged whole by each of ~528 blocks: more bytes through L2 than the weights), with
+// one barrier after the staging and none after that; for the gated MLP's down projection the staging makes
 // silu(gate) * up. The split of K is the many-row kernel's (mma_split) and each split's sums are made the
 // same way, so a row's result equals that of a many-row call bit for bit, whatever the parts: a unit spanning
 // K adds its splits' sums in split order itself; otherwise it stores one partial per split, which
@@ -958,43 +957,8 @@ struct RowArgs {
   int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (the kernel's choice)
   int splits_per_part;                   // chunks_per_part / chunks_per_split
   int tiles, units;                      // units: tiles x parts, part-major
-  int units_per_warp;  // a warp's units are consecutive: one part (or two) and consecutive tiles
-  float* partials;     // [splits][out_features] when parts > 1
-  bool x_aligned;      // float4 loads of x
-};
-
-// Where a warp is in its run of units (32-bit: units and chunks stay below 2^31), and which split of K the
-// chunk belongs to. One division finds the first unit's tile and part; the next units count on from it (the
-// ring's slots are unrolled: a division per slot was ~2 KB of code the warps jumped over).
-struct RowPosition {
-  int unit, end_unit, tile, part, chunk, end_chunk, split, split_end;
-
-  __device__ void at_unit(const RowArgs& a, int u) {
-    unit = u;
-    if (unit >= end_unit) return;
-    part = unit / a.tiles;
-    tile = unit - part * a.tiles;
-    start_unit(a);
-  }
-  __device__ void start_unit(const RowArgs& a) {
-    chunk = part * a.chunks_per_part;
-    end_chunk = min(a.chunks, chunk + a.chunks_per_part);
-    split = part * a.splits_per_part;
-    split_end = min(end_chunk, chunk + a.chunks_per_split);
-  }
-  __device__ bool done() const { return unit >= end_unit; }
-  // The next chunk: the next of the unit, or the first of the warp's next unit (true).
-  __device__ bool advance(const RowArgs& a) {
-    if (++chunk != end_chunk) {
-      if (chunk == split_end) ++split, split_end = min(end_chunk, chunk + a.chunks_per_split);
-      return false;
-    }
-    if (++unit < end_unit) {
-      if (++tile == a.tiles) tile = 0, ++part;
-      start_unit(a);
-    }
-    return true;
-  }
+  float* partials;                       // [splits][out_features] when parts > 1
+  bool x_aligned;                        // float4 loads of x
 };
 
 // The chunks of x that the units [first_unit, end_unit) read (part-major units).
@@ -1007,6 +971,24 @@ __device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_u
   return {first_part * a.chunks_per_part, min(a.chunks, (last_part + 1) * a.chunks_per_part)};
 }
 
+// One chunk of weights times the staged row of x (staged chunk `staged`), into `sums`. Row 0 of x is column
+// 0 of B; every lane loads it (lanes of one q read one address: a broadcast), so the other columns repeat it
+// and are never stored.
+template <typename Weights>
+__device__ inline void multiply_row_chunk(float (&sums)[1][4], const typename Weights::Loaded& w,
+                                          const XStage& x_stage, int staged, int q) {
+  constexpr XForm kForm = Weights::kX;
+#pragma unroll
+  for (int u = 0; u < kChunkBlocks; ++u) {
+    const uint4* words = reinterpret_cast<const uint4*>(
+        x_stage.values + ((staged * kChunkBlocks + u) * 4 + q) * kXWords<kForm>);
+    uint4 x[kXParts<kForm>][1];
+#pragma unroll
+    for (int part = 0; part < kXParts<kForm>; ++part) x[part][0] = words[part];
+    Weights::template accumulate<1>(sums, w, u, x);
+  }
+}
+
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
 
 // kWholeChunks: every chunk lies inside K and loads without bounds checks (whole_chunk_loads).
@@ -1014,42 +996,42 @@ template <typename Weights, bool kWholeChunks>
 __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     linear_row_kernel(RowArgs a, Weights weights) {
   constexpr int kDepth = Weights::kRowRingDepth;
+  constexpr XForm kForm = Weights::kX;
+  constexpr bool kScaled = kForm == XForm::Fp16Scaled;
+  // Chunks computed together. FP16 x's chunk sums start from zero, so two chunks' mma chains interleave (a
+  // chunk at a time left the warps waiting on each chain); BF16 x adds each chunk into the split's sums (the
+  // many-row kernel's order), one at a time.
+  constexpr int kStep = kScaled ? 2 : 1;
+  static_assert(kDepth % kStep == 0);
   extern __shared__ uint4 x_row_storage[];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
-  const int block_units = kWarps * a.units_per_warp;
-  const int block_first = static_cast<int>(blockIdx.x) * block_units;
-  const int block_end = min(a.units, block_first + block_units);
+  const int block_first = static_cast<int>(blockIdx.x) * kWarps;
+  const int block_end = min(a.units, block_first + kWarps);
+  // A warp past the last unit stages its share of x and leaves.
+  const bool has_unit = block_first + warp < block_end;
+  const int unit = min(block_first + warp, block_end - 1);
+  const int part = unit / a.tiles, tile = unit - part * a.tiles;
+  const int begin = part * a.chunks_per_part, end = min(a.chunks, begin + a.chunks_per_part);
+  const int64_t n = a.out_features;
+  const int64_t feature = static_cast<int64_t>(tile) * kTileFeatures + g;
+  const typename Weights::Rows rows = weights.rows(min64(feature, n - 1), min64(feature + 8, n - 1));
+  auto load = [&](int chunk) {
+    if constexpr (kWholeChunks)
+      return weights.load_whole(rows, chunk, q);
+    else
+      return weights.load(rows, chunk, q);
+  };
 
   // The first chunks' weights are requested before x is staged: their latency covers the staging.
-  RowPosition loading, computing;
-  const int first_unit = block_first + warp * a.units_per_warp;
-  loading.end_unit = min(block_end, first_unit + a.units_per_warp);
-  loading.at_unit(a, first_unit);
-  computing = loading;
-  typename Weights::Rows rows{};
-  auto rows_of_tile = [&] {
-    const int64_t first = static_cast<int64_t>(loading.tile) * kTileFeatures;
-    rows = weights.rows(min64(first + g, a.out_features - 1), min64(first + g + 8, a.out_features - 1));
-  };
-  auto load_next = [&](typename Weights::Loaded& slot) {
-    if (loading.done()) return;
-    if constexpr (kWholeChunks)
-      slot = weights.load_whole(rows, loading.chunk, q);
-    else
-      slot = weights.load(rows, loading.chunk, q);
-    if (loading.advance(a) && !loading.done()) rows_of_tile();
-  };
-  if (!loading.done()) rows_of_tile();
-  typename Weights::Loaded ring[kDepth];
+  typename Weights::Loaded ring[kDepth] = {};
 #pragma unroll
-  for (int j = 0; j < kDepth; ++j) load_next(ring[j]);  // weights only: before the wait (pdl.cuh)
+  for (int j = 0; j < kDepth; ++j)
+    if (has_unit && begin + j < end) ring[j] = load(begin + j);  // weights only: before the wait (pdl.cuh)
   wait_for_previous_kernel();
   allow_next_kernel();
   // Only the chunks of x that this block's units read (its parts' slice of K).
-  constexpr XForm kForm = Weights::kX;
-  constexpr bool kScaled = kForm == XForm::Fp16Scaled;
   const RowStage stage = row_stage(a, block_first, block_end);
   const int staged_chunks = stage.end_chunk - stage.first_chunk;
   const XStage x_stage{reinterpret_cast<uint32_t*>(x_row_storage),
@@ -1061,61 +1043,57 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   else
     stage_x<kForm, false, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   __syncthreads();
+  if (!has_unit) return;
 
-  const int64_t n = a.out_features;
-  float acc[1][4] = {};
-  float total[2] = {};  // a whole-K unit's splits added so far (features g and g + 8)
   // Row 0 of a split's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
   // A row's result is its splits' sums added in split order, from zero: here when the unit spans K, else
   // by sum_split_partials_kernel, from the partials.
-  auto finish_split = [&] {
-    const int64_t feature = static_cast<int64_t>(computing.tile) * kTileFeatures + g;
-    const bool unit_end = computing.chunk + 1 == computing.end_chunk;
-    if (a.splits == 1 || a.parts == 1) {
-      if (a.splits > 1) {
-        total[0] += acc[0][0], total[1] += acc[0][2];
-        acc[0][0] = total[0], acc[0][2] = total[1];
-      }
-      if (unit_end) {
-        if (q == 0 && feature < n) a.out[feature] = acc[0][0];
-        if (q == 0 && feature + 8 < n) a.out[feature + 8] = acc[0][2];
-        total[0] = total[1] = 0.0f;
-      }
-      acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
-      return;
+  float acc[1][4] = {};
+  float total[2] = {};
+  int split = part * a.splits_per_part, split_left = a.chunks_per_split;
+  // After chunk `chunk`'s sums joined acc: at the end of its split, the split's sums leave acc.
+  auto end_split_after = [&](int chunk) {
+    if (--split_left != 0 && chunk + 1 != end) return;
+    if (a.parts > 1) {
+      float* partial = a.partials + split * n;
+      if (q == 0 && feature < n) partial[feature] = acc[0][0];
+      if (q == 0 && feature + 8 < n) partial[feature + 8] = acc[0][2];
+    } else if (a.splits > 1) {
+      total[0] += acc[0][0], total[1] += acc[0][2];
+    } else {
+      total[0] = acc[0][0], total[1] = acc[0][2];
     }
-    float* partial = a.partials + computing.split * n;
-    if (q == 0 && feature < n) partial[feature] = acc[0][0];
-    if (q == 0 && feature + 8 < n) partial[feature + 8] = acc[0][2];
+    ++split, split_left = a.chunks_per_split;
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
   };
-
-  // Row 0 of x is column 0 of B, in lanes g == 0; the other lanes multiply zeros.
-  uint4 x[kXParts<kForm>][1] = {};
-  while (!computing.done()) {
+  for (int c = begin; c < end; c += kDepth) {
 #pragma unroll
-    for (int j = 0; j < kDepth; ++j) {
-      if (computing.done()) break;
-      const int staged_chunk = computing.chunk - stage.first_chunk;
-      float chunk_sums[1][4] = {};  // FP16 x: the chunk's sums, before its scale
+    for (int s = 0; s < kDepth; s += kStep) {
+      const int chunk = c + s;
+      if (chunk >= end) break;
+      // A pair's second chunk past the end multiplies its stale slot by the last chunk of x, and is dropped.
+      float sums[kStep][1][4] = {};
 #pragma unroll
-      for (int u = 0; u < kChunkBlocks; ++u) {
-        const uint4* words = reinterpret_cast<const uint4*>(
-            x_stage.values + ((staged_chunk * kChunkBlocks + u) * 4 + q) * kXWords<kForm>);
-        if (g == 0) {
+      for (int i = 0; i < kStep; ++i)
+        multiply_row_chunk<Weights>(kScaled ? sums[i] : acc, ring[s + i], x_stage,
+                                    min(chunk + i, end - 1) - stage.first_chunk, q);
 #pragma unroll
-          for (int part = 0; part < kXParts<kForm>; ++part) x[part][0] = words[part];
+      for (int i = 0; i < kStep; ++i)
+        if (chunk + i + kDepth < end) ring[s + i] = load(chunk + i + kDepth);
+#pragma unroll
+      for (int i = 0; i < kStep; ++i) {
+        if (chunk + i >= end) break;
+        if constexpr (kScaled) {
+          const float inverse = x_stage.scales[chunk + i - stage.first_chunk];
+          fold_chunk<1>(acc, sums[i], {{inverse, inverse}});
         }
-        Weights::template accumulate<1>(kScaled ? chunk_sums : acc, ring[j], u, x);
+        end_split_after(chunk + i);
       }
-      if constexpr (kScaled) {
-        const float inverse = x_stage.scales[staged_chunk];
-        fold_chunk<1>(acc, chunk_sums, {{inverse, inverse}});
-      }
-      load_next(ring[j]);
-      if (computing.chunk + 1 == computing.split_end) finish_split();
-      computing.advance(a);
     }
+  }
+  if (a.parts == 1) {
+    if (q == 0 && feature < n) a.out[feature] = total[0];
+    if (q == 0 && feature + 8 < n) a.out[feature + 8] = total[1];
   }
 }
 
@@ -1252,19 +1230,17 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   if (status == cudaSuccess)
     status = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess) return status;
-  const int64_t resident =
-      tuning.grid_blocks > 0 ? tuning.grid_blocks : int64_t{kRowBlocksPerMultiprocessor} * multiprocessors;
-  // A unit's part of K: whole splits (the sums do not depend on it). Whole K when the tiles alone busy half
-  // the resident warps (no partials, no sums kernel), else two splits: the best of the sweep over the 4B's
-  // shapes on the H200 (bench/results/cuda-ops-notes.md, session 6).
-  const int64_t splits_per_part = tuning.row_splits_per_part > 0   ? tuning.row_splits_per_part
-                                  : 2 * tiles >= resident * kWarps ? split.splits
-                                                                   : 2;
+  // A unit's part of K: whole splits (the sums do not depend on it). The fewest splits a part (the most
+  // warps, each with its own chain of chunks) that keep the units in one wave of resident blocks; whole K (no
+  // partials, no sums kernel) when no part does.
+  const int64_t resident_units = int64_t{kRowBlocksPerMultiprocessor} * multiprocessors * kWarps;
+  int64_t splits_per_part = tuning.row_splits_per_part;
+  for (int64_t per_part = 2; splits_per_part <= 0; ++per_part)
+    if (per_part >= split.splits || tiles * ((split.splits + per_part - 1) / per_part) <= resident_units)
+      splits_per_part = per_part;
   const int64_t chunks_per_part = std::min(split.splits, splits_per_part) * split.chunks_per_split;
   const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
   const int64_t units = tiles * parts;
-  const int64_t units_per_warp = (units + resident * kWarps - 1) / (resident * kWarps);
-  const int64_t block_units = kWarps * units_per_warp;
   const RowArgs args{out.ptr<float>(),
                      x.ptr<const float>(),
                      up,
@@ -1278,12 +1254,11 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
                      static_cast<int>(chunks_per_part / split.chunks_per_split),
                      static_cast<int>(tiles),
                      static_cast<int>(units),
-                     static_cast<int>(units_per_warp),
                      workspace.partials,
                      rows_aligned_to_float4(x)};
-  const dim3 grid(static_cast<unsigned>((units + block_units - 1) / block_units));
+  const dim3 grid(static_cast<unsigned>((units + kWarps - 1) / kWarps));
   // A block's units span at most this many parts (whatever its first unit), so many chunks of x.
-  const int64_t spanned = std::min(parts, (block_units - 1) / tiles + 2);
+  const int64_t spanned = std::min(parts, (kWarps - 1) / tiles + 2);
   const int64_t staged_chunks = std::min(split.chunks, spanned * chunks_per_part);
   const auto shared = static_cast<size_t>(x_stage_bytes<Weights::kX>(staged_chunks));
   status = [&] {
