@@ -98,6 +98,11 @@ __device__ inline uint4 load_streaming(const uint4* p) {
   return v;
 }
 
+// Asks L2 for the 128-byte line at p (no register waits for it).
+__device__ inline void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
+}
+
 __device__ inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
@@ -234,6 +239,26 @@ struct PackedInt4Weights {
 
   // Vector scales are chosen only when K is a multiple of the chunk: every chunk loads whole.
   static constexpr bool kAlwaysWhole = kScales == ScaleLoad::Vector;
+
+  // Chunks [begin, end) of the rows into L2, lanes q = 0..3 taking every fourth 128-byte line: requested
+  // before the one-row kernel's PDL wait, they stream while the kernels before it run.
+  __device__ void prefetch_chunks(const Rows& r, int begin, int end, int q) const {
+    const auto first_block = static_cast<uint32_t>(begin * kChunkBlocks);
+    const auto end_block = static_cast<uint32_t>(min64(int64_t{end} * kChunkBlocks, blocks));
+    constexpr uint32_t kBlockWords = kBlockK / 8, kLineWords = 128 / sizeof(uint32_t);
+    for (uint32_t w = first_block * kBlockWords + kLineWords * q; w < end_block * kBlockWords;
+         w += 4 * kLineWords) {
+      prefetch_l2(packed + (r.packed_low + w));
+      prefetch_l2(packed + (r.packed_high + w));
+    }
+    const uint32_t first_group = first_block / blocks_per_group;
+    const uint32_t end_group = (end_block + blocks_per_group - 1) / blocks_per_group;
+    constexpr uint32_t kLineScales = 128 / sizeof(S);
+    for (uint32_t i = first_group + kLineScales * q; i < end_group; i += 4 * kLineScales) {
+      prefetch_l2(scales + (r.scales_low + i));
+      prefetch_l2(scales + (r.scales_high + i));
+    }
+  }
 
   // load() for a chunk inside K, without the bounds checks. In the backend's word order (packed_int4_order.h)
   // the 16 bytes at word 4q of a whole chunk are word q of each of its four blocks: this lane's A words.
@@ -390,6 +415,9 @@ struct Bf16Weights {
   }
 
   static constexpr bool kAlwaysWhole = false;
+
+  // The head's rows (1.3 GB) would only flush L2.
+  __device__ void prefetch_chunks(const Rows&, int, int, int) const {}
 
   __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
     Loaded w;
@@ -1029,6 +1057,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 #pragma unroll
   for (int j = 0; j < kDepth; ++j)
     if (has_unit && begin + j < end) ring[j] = load(begin + j);  // weights only: before the wait (pdl.cuh)
+  if (has_unit && begin + kDepth < end) weights.prefetch_chunks(rows, begin + kDepth, end, q);
   wait_for_previous_kernel();
   allow_next_kernel();
   // Only the chunks of x that this block's units read (its parts' slice of K).
