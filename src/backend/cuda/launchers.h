@@ -58,11 +58,12 @@ struct LinearMmaWorkspace {
   float* partials = nullptr;
 };
 // The kernels' knobs, for benchmarks and tests (0: the default). chunks_per_split (128 k each) sets the
-// split of K, and with it the order of a row's sums; grid_blocks (default: one block per item) only how many
-// blocks of the many-row kernels walk the work; one_row_kernel off sends one row
-// of x to the many-row kernel; row_splits_per_part sets the one-row kernel's unit, that many splits of K (the
-// sums stay the same); ring_kernel off keeps W4A16 weights of several rows in the register-held many-row
-// kernel instead of the shared-memory ring one (the same sums).
+// split of K, and with it the order of a row's sums; grid_blocks (default: one block per item) sets how many
+// blocks of the register-held many-row kernel walk the work (and keeps W4A16 off the ring kernel; the
+// one-row kernel ignores it); one_row_kernel off sends one row of x to the many-row kernel;
+// row_splits_per_part sets the one-row kernel's unit, that many splits of K (the sums stay the same);
+// ring_kernel off keeps W4A16 weights of several rows in the register-held many-row kernel instead of the
+// shared-memory ring one (the same sums).
 struct LinearMmaTuning {
   int64_t chunks_per_split = 0;
   int64_t grid_blocks = 0;

@@ -20,13 +20,13 @@
 // (the FP16 engines' precision, 8x BF16's), for chunk maxima from 2^-112 to FLT_MAX; one mma chain per block;
 // the chunk's group-scaled sums are multiplied by 2^-e (exact) into the split's sums. BF16 weights need BF16
 // x: each value is split into hi = bf16(x) and lo = bf16(x - hi) (~2^-9 of x; ~2^-17 left out), both
-// multiplied in one chain. A block of 4 warps owns 4 tiles (one per warp)
-// and stages x for all of them in shared memory, already converted and paired, a stage of chunks at a time;
-// the next stage's weights are loaded into registers while this one is computed. No instruction may read a
-// loaded register before its chunk is computed (a copy or a repacking there waits for the load, and the loads
-// in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output features
-// at K 9216), K is split over blocks in a way that depends on N and K only, and the splits' partials are
-// added in split order by a kernel of their own (sum_split_partials_kernel), so results depend neither on
+// multiplied in one chain. In the register-held many-row kernel a block of 4 warps owns 4 tiles (one per
+// warp) and stages x for all of them in shared memory, already converted and paired, a stage of chunks at a
+// time; the next stage's weights are loaded into registers while this one is computed. No instruction may
+// read a loaded register before its chunk is computed (a copy or a repacking there waits for the load, and
+// the loads in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output
+// features at K 9216), K is split over blocks in a way that depends on N and K only, and the splits' partials
+// are added in split order by a kernel of their own (sum_split_partials_kernel), so results depend neither on
 // timing nor on how many rows share the call (a row's arithmetic is the same at M = 1 and 16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -416,7 +416,7 @@ struct Bf16Weights {
 
   static constexpr bool kAlwaysWhole = false;
 
-  // The head's rows (1.3 GB) would only flush L2.
+  // None for BF16 weights: the head alone (1.3 GB) would flush L2.
   __device__ void prefetch_chunks(const Rows&, int, int, int) const {}
 
   __device__ Loaded load_whole(const Rows& r, int chunk, int q) const {
@@ -982,7 +982,7 @@ struct RowArgs {
   const float* up;  // the gated MLP's up half (x the gate half): x is silu(x) * up; else null
   int64_t out_features, in_features;
   int chunks, chunks_per_split, splits;  // the split of K (mma_split): it sets the order of a row's sums
-  int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (the kernel's choice)
+  int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (launch_row's choice)
   int splits_per_part;                   // chunks_per_part / chunks_per_split
   int tiles, units;                      // units: tiles x parts, part-major
   float* partials;                       // [splits][out_features] when parts > 1
@@ -1100,7 +1100,8 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     for (int s = 0; s < kDepth; s += kStep) {
       const int chunk = c + s;
       if (chunk >= end) break;
-      // A pair's second chunk past the end multiplies its stale slot by the last chunk of x, and is dropped.
+      // A pair's second chunk past the end multiplies its stale (or never loaded) slot by the unit's last
+      // chunk of x, and is dropped.
       float sums[kStep][1][4] = {};
 #pragma unroll
       for (int i = 0; i < kStep; ++i)
@@ -1259,9 +1260,10 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   if (status == cudaSuccess)
     status = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess) return status;
-  // A unit's part of K: whole splits (the sums do not depend on it). The fewest splits a part (the most
-  // warps, each with its own chain of chunks) that keep the units in one wave of resident blocks; whole K (no
-  // partials, no sums kernel) when no part does.
+  // A unit's part of K: whole splits (the sums do not depend on it). The fewest splits a part, from two (the
+  // most warps, each with its own chain of chunks), that keep the units in one wave of resident blocks; whole
+  // K (no partials, no sums kernel) when no part does. One split a part everywhere was no faster in the step
+  // (session 16).
   const int64_t resident_units = int64_t{kRowBlocksPerMultiprocessor} * multiprocessors * kWarps;
   int64_t splits_per_part = tuning.row_splits_per_part;
   for (int64_t per_part = 2; splits_per_part <= 0; ++per_part)
