@@ -522,8 +522,9 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
 // Speculative decoding needs a row's result not to depend on the other rows of the call: the verify step's
 // rows must equal the decode steps' exactly, although one row goes through the one-row kernel and 16 through
 // the many-row one (the same split of K and the same sums in both). 16 rows at once vs each row alone: W4A16
-// g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) and BF16, with x rows
-// 16-byte aligned and not (a view one column in).
+// g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) with K 2624 (a partial last
+// chunk) at g32, g64 (per-block scales) and g128 (a partial last group), and BF16 (K 9216 and 2624), with x
+// rows 16-byte aligned and not (a view one column in).
 TEST(CudaOps, LinearRowsIndependentOfBatch) {
   std::mt19937 rng(61);
   auto& b = backends();
@@ -532,8 +533,9 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
     int64_t n, k;
     int group;  // 0: BF16 weights
   };
-  for (const Case& c : {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32},
-                        Case{1000, 2624, 32}, Case{2560, 9216, 0}}) {
+  for (const Case& c :
+       {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32}, Case{1000, 2624, 32},
+        Case{1000, 2624, 64}, Case{1000, 2624, 128}, Case{2560, 9216, 0}, Case{1000, 2624, 0}}) {
     LinearWeight w{c.n, c.k, {}, {}, {}, c.group, {}};
     WeightPair weight, packed, scales;
     if (c.group == 0) {
@@ -541,8 +543,8 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
       w.weight = weight.gpu;
     } else {
       packed = random_packed_int4(rng, c.n, c.k);
-      scales =
-          b.weight(DType::BF16, c.n, c.k / c.group, random_floats(rng, c.n * (c.k / c.group), 0.002f, 0.02f));
+      const int64_t groups = (c.k + c.group - 1) / c.group;  // the last group partial when K is not whole
+      scales = b.weight(DType::BF16, c.n, groups, random_floats(rng, c.n * groups, 0.002f, 0.02f));
       w.packed = packed.gpu;
       w.scales = scales.gpu;
     }
