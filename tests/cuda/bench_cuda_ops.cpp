@@ -127,9 +127,9 @@ nlohmann::json flop_entry(const std::string& name, double flop, double seconds) 
 }
 
 // The tensor-core linear's knobs (launchers.h, LinearMmaTuning) over the model's W4A16 shapes at 1 and 16
-// rows: the split of K (chunks of 128 k per split), the grid (the default, or 528 blocks walking the items)
-// and, at one row, the one-row kernel against the many-row one. Prints, per shape, the default and the best;
-// records every point.
+// rows: the split of K (chunks of 128 k per split), the many-row kernels' grid (the default, or 528 blocks
+// walking the items) and, at one row, the one-row kernel against the many-row one. Prints, per shape, the
+// default and the best; records every point.
 void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
   struct Shape {
     int64_t n, k;
@@ -173,6 +173,7 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
         for (int64_t grid : {int64_t{0}, kFourBlocksPerMultiprocessor})
           for (bool one_row_kernel : {true, false}) {
             if (!one_row_kernel && rows > 1) continue;
+            if (one_row_kernel && rows == 1 && grid != 0) continue;  // the one-row kernel ignores the grid
             const double seconds = time_tuning({per_split, grid, one_row_kernel});
             const std::string name = fmt::format(
                 "sweep linear W4A16 g32 M={} N={} K={} chunks/split {} grid {}{}", rows, n, k,
