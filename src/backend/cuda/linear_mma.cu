@@ -1266,9 +1266,12 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   // (session 16).
   const int64_t resident_units = int64_t{kRowBlocksPerMultiprocessor} * multiprocessors * kWarps;
   int64_t splits_per_part = tuning.row_splits_per_part;
-  for (int64_t per_part = 2; splits_per_part <= 0; ++per_part)
-    if (per_part >= split.splits || tiles * ((split.splits + per_part - 1) / per_part) <= resident_units)
-      splits_per_part = per_part;
+  if (splits_per_part <= 0) {
+    splits_per_part = 2;
+    while (splits_per_part < split.splits &&
+           tiles * ((split.splits + splits_per_part - 1) / splits_per_part) > resident_units)
+      ++splits_per_part;
+  }
   const int64_t chunks_per_part = std::min(split.splits, splits_per_part) * split.chunks_per_split;
   const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
   const int64_t units = tiles * parts;
