@@ -566,27 +566,27 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
                                c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
                    batch, single, kExact);
       // The one-row kernel's units of one split, of several (LinearMmaTuning::row_splits_per_part), and of
-      // the whole of K add the same sums.
+      // the whole of K add the same sums, in a cluster (sm_90+, up to 16 parts) or by the sums kernel.
       const int64_t splits = static_cast<int64_t>(cuda::linear_mma_partial_floats(1, c.n, c.k)) / c.n;
       if (splits < 2) continue;
       const LinearMmaWorkspaceBuffers workspace(b.gpu(), 1, c.n, c.k);
-      for (const int64_t splits_per_part : {int64_t{1}, int64_t{2}, int64_t{3}, splits}) {
-        TensorPair parts = b.poisoned(kRows, c.n);
-        b.gpu().synchronize();
-        const cuda::LinearMmaTuning tuning{0, 0, true, splits_per_part, true};
-        for (int64_t r = 0; r < kRows; ++r)
-          cuda::check_cuda(cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w,
-                                                   workspace.get(), nullptr, tuning),
-                           "linear with several splits per unit");
-        cuda::check_cuda(cudaDeviceSynchronize(), "linear with several splits per unit");
-        expect_close(
-            "linear",
-            fmt::format("linear {} M=16 rows vs M=1 each with {} of {} splits per unit, N={} K={}, x at "
-                        "column {}",
-                        c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), splits_per_part, splits,
-                        c.n, c.k, offset),
-            batch, b.read_gpu(parts.gpu()), kExact);
-      }
+      for (const int64_t splits_per_part : {int64_t{1}, int64_t{2}, int64_t{3}, splits})
+        for (const bool cluster_sums : {true, false}) {
+          TensorPair parts = b.poisoned(kRows, c.n);
+          b.gpu().synchronize();
+          const cuda::LinearMmaTuning tuning{0, 0, true, splits_per_part, true, cluster_sums};
+          for (int64_t r = 0; r < kRows; ++r)
+            cuda::check_cuda(cuda::launch_linear_mma(parts.gpu().rows_view(r, 1), x.rows_view(r, 1), w,
+                                                     workspace.get(), nullptr, tuning),
+                             "linear with several splits per unit");
+          cuda::check_cuda(cudaDeviceSynchronize(), "linear with several splits per unit");
+          expect_close("linear",
+                       fmt::format("linear {} M=16 rows vs M=1 each with {} of {} splits per unit (cluster "
+                                   "sums {}), N={} K={}, x at column {}",
+                                   c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), splits_per_part,
+                                   splits, cluster_sums ? "allowed" : "off", c.n, c.k, offset),
+                       batch, b.read_gpu(parts.gpu()), kExact);
+        }
     }
   }
 }

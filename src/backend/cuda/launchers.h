@@ -63,13 +63,15 @@ struct LinearMmaWorkspace {
 // one-row kernel ignores it); one_row_kernel off sends one row of x to the many-row kernel;
 // row_splits_per_part sets the one-row kernel's unit, that many splits of K (the sums stay the same);
 // ring_kernel off keeps W4A16 weights of several rows in the register-held many-row kernel instead of the
-// shared-memory ring one (the same sums).
+// shared-memory ring one (the same sums); row_cluster_sums off makes the one-row kernel store its split
+// partials for the sums kernel even where it could add them inside a cluster (the same sums).
 struct LinearMmaTuning {
   int64_t chunks_per_split = 0;
   int64_t grid_blocks = 0;
   bool one_row_kernel = true;
   int64_t row_splits_per_part = 0;
   bool ring_kernel = true;
+  bool row_cluster_sums = true;
 };
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
 // The workspace's partial sums (floats) of a call with `rows` rows of x.

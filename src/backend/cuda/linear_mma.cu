@@ -28,6 +28,7 @@
 // features at K 9216), K is split over blocks in a way that depends on N and K only, and the splits' partials
 // are added in split order by a kernel of their own (sum_split_partials_kernel), so results depend neither on
 // timing nor on how many rows share the call (a row's arithmetic is the same at M = 1 and 16).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -512,6 +513,13 @@ __host__ __device__ constexpr int64_t row_stage_words(int64_t chunks) {
   return chunks * kChunkGroups * kXWords<kForm>;
 }
 
+// The one-row kernel's shared memory for `chunks` chunks of x in the form kForm (values, then FP16's scales).
+template <XForm kForm>
+__host__ __device__ constexpr int64_t x_stage_bytes(int64_t chunks) {
+  const int64_t scale_bytes = kForm == XForm::Fp16Scaled ? sizeof(float) : 0;
+  return row_stage_words<kForm>(chunks) * static_cast<int64_t>(sizeof(uint32_t)) + chunks * scale_bytes;
+}
+
 // Where x is staged: row r's words from r * row_words, kXWords per 8 values in pairs (i, i + 4), and for
 // FP16 x the inverse scale of row r's chunk c at scales[r * chunks + c].
 struct XStage {
@@ -659,27 +667,22 @@ __device__ inline void fold_chunk(float (&acc)[kHalves][4], const float (&chunk)
     for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(inverse[h][i % 2], chunk[h][i], acc[h][i]);
 }
 
-// Sums of split partials in split order from zero (the rule that makes a row's result independent of the
-// call): element i's split s is at partials[s * split_stride + offset[i]]. The loads of kSplitsInFlight
-// splits of every element are issued together: each round is an L2 round trip on the call's tail.
-template <int kCount, int kSplitsInFlight>
-__device__ inline void sum_splits(const float* partials, int64_t split_stride, int splits,
-                                  const int64_t (&offset)[kCount], float (&sum)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) sum[i] = 0.0f;
+// A sum of split partials in split order from zero (the rule that makes a row's result independent of the
+// call): split s's partial is load(s). Eight splits' loads are issued together: each round is one round trip
+// (to L2 for the sums kernel, to shared memory for the one-row kernel's cluster sums) on the call's tail.
+template <typename Load>
+__device__ inline float sum_in_split_order(int splits, Load load) {
+  constexpr int kSplitsInFlight = 8;
+  float sum = 0.0f;
   for (int first = 0; first < splits; first += kSplitsInFlight) {
-    float part[kSplitsInFlight][kCount];
+    float part[kSplitsInFlight];
+#pragma unroll
+    for (int j = 0; j < kSplitsInFlight; ++j) part[j] = first + j < splits ? load(first + j) : 0.0f;
 #pragma unroll
     for (int j = 0; j < kSplitsInFlight; ++j)
-#pragma unroll
-      for (int i = 0; i < kCount; ++i)
-        part[j][i] = first + j < splits ? __ldcg(partials + (first + j) * split_stride + offset[i]) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kSplitsInFlight; ++j)
-#pragma unroll
-      for (int i = 0; i < kCount; ++i)
-        if (first + j < splits) sum[i] += part[j][i];
+      if (first + j < splits) sum += part[j];
   }
+  return sum;
 }
 
 // Writes a tile's sums of an item (acc[h][i]: feature first_feature + g + 8 (i / 2), row 8h + 2q + i % 2):
@@ -725,9 +728,10 @@ __global__ void __launch_bounds__(kSplitSumThreads) sum_split_partials_kernel(Sp
   allow_next_kernel();
   const int64_t element = blockIdx.x * int64_t{kSplitSumThreads} + threadIdx.x;
   if (element >= p.rows * p.features) return;
-  float sum[1];
-  sum_splits<1, 8>(p.partials, p.rows * p.features, p.splits, {element}, sum);
-  p.out[element / p.features * p.out_stride + element % p.features] = sum[0];
+  const int64_t split_stride = p.rows * p.features;
+  const float sum = sum_in_split_order(
+      p.splits, [&](int split) { return __ldcg(p.partials + split * split_stride + element); });
+  p.out[element / p.features * p.out_stride + element % p.features] = sum;
 }
 
 cudaError_t launch_split_sums(const SplitPartials& p, cudaStream_t stream) {
@@ -985,23 +989,82 @@ struct RowArgs {
   int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (launch_row's choice)
   int splits_per_part;                   // chunks_per_part / chunks_per_split
   int tiles, units;                      // units: tiles x parts, part-major
-  float* partials;                       // [splits][out_features] when parts > 1
+  float* partials;                       // [splits][out_features] when parts > 1 and not cluster_sums
   bool x_aligned;                        // float4 loads of x
+  // The parts of a block's tiles run as one cluster (sm_90+) and add their splits' sums there: no partials
+  // in global memory, no sums kernel.
+  bool cluster_sums;
 };
 
-// The chunks of x that the units [first_unit, end_unit) read (part-major units).
-struct RowStage {
+// A block's units: its warps' tiles, their part of K, and the chunks of x they read.
+struct RowBlock {
+  int first_tile, tiles;  // cluster sums: the block's tiles, all of one part
+  int part;               // cluster sums: the part of every warp of the block
+  bool has_unit;          // this warp's
+  int tile, unit_part;    // this warp's unit (the block's last when it has none)
   int first_chunk, end_chunk;
 };
 
-__device__ inline RowStage row_stage(const RowArgs& a, int first_unit, int end_unit) {
+// Units are numbered part-major, four a block; with cluster sums a block is (group of four tiles, part),
+// part fastest, so that the blocks of a cluster hold every part of the same tiles.
+__device__ inline RowBlock row_block(const RowArgs& a, int warp) {
+  RowBlock b{};
+  if (a.cluster_sums) {
+    b.part = static_cast<int>(blockIdx.x) % a.parts;
+    b.first_tile = static_cast<int>(blockIdx.x) / a.parts * kWarps;
+    b.tiles = min(kWarps, a.tiles - b.first_tile);
+    b.has_unit = warp < b.tiles;
+    b.tile = b.first_tile + min(warp, b.tiles - 1);
+    b.unit_part = b.part;
+    b.first_chunk = b.part * a.chunks_per_part;
+    b.end_chunk = min(a.chunks, b.first_chunk + a.chunks_per_part);
+    return b;
+  }
+  const int first_unit = static_cast<int>(blockIdx.x) * kWarps;
+  const int end_unit = min(a.units, first_unit + kWarps);
+  b.has_unit = first_unit + warp < end_unit;
+  const int unit = min(first_unit + warp, end_unit - 1);
+  b.unit_part = unit / a.tiles;
+  b.tile = unit - b.unit_part * a.tiles;
   const int first_part = first_unit / a.tiles, last_part = (end_unit - 1) / a.tiles;
-  return {first_part * a.chunks_per_part, min(a.chunks, (last_part + 1) * a.chunks_per_part)};
+  b.first_chunk = first_part * a.chunks_per_part;
+  b.end_chunk = min(a.chunks, (last_part + 1) * a.chunks_per_part);
+  return b;
 }
 
-// One chunk of weights times the staged row of x (staged chunk `staged`), into `sums`. Row 0 of x is column
-// 0 of B; every lane loads it (lanes of one q read one address: a broadcast), so the other columns repeat it
-// and are never stored.
+// With cluster sums, block rank r of a cluster owns features r, r + parts, ... of the cluster's tiles
+// (feature f of the tiles at index f / parts): every block stores each split's sums of a feature into its
+// owner's shared memory ([index][split]), and after one cluster barrier each owner adds its features' splits
+// in split order from zero (sum_split_partials_kernel's order) from its own shared memory.
+__host__ __device__ constexpr int row_cluster_sums_floats(int parts, int splits) {
+  return (kWarps * kTileFeatures + parts - 1) / parts * splits;
+}
+
+// Where split `split` of feature f (of the cluster's tiles) goes: the owner's shared memory, at the same
+// offset as `sums` in this block.
+__device__ inline float* row_cluster_sum_slot(const RowArgs& a, float* sums, int f, int split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(sums, f % a.parts) + f / a.parts * a.splits +
+         split;
+#else
+  return sums + f / a.parts * a.splits + split;  // never used: clusters_supported() is false
+#endif
+}
+
+// Every thread of every block of a cluster calls this once its split sums are stored: the barrier makes them
+// visible to their owners (and every block stays until then), then each owner writes its features' sums.
+__device__ void add_cluster_split_sums(const RowArgs& a, const RowBlock& b, const float* sums) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+  const int f = b.part + static_cast<int>(threadIdx.x) * a.parts;
+  if (f >= b.tiles * kTileFeatures) return;
+  const int64_t feature = int64_t{b.first_tile} * kTileFeatures + f;
+  const float* split_sums = sums + f / a.parts * a.splits;
+  const float sum = sum_in_split_order(a.splits, [&](int split) { return split_sums[split]; });
+  if (feature < a.out_features) a.out[feature] = sum;
+#endif
+}
+
 template <typename Weights>
 __device__ inline void multiply_row_chunk(float (&sums)[1][4], const typename Weights::Loaded& w,
                                           const XStage& x_stage, int staged, int q) {
@@ -1018,6 +1081,8 @@ __device__ inline void multiply_row_chunk(float (&sums)[1][4], const typename We
 }
 
 constexpr int kRowBlocksPerMultiprocessor = 4;  // resident blocks of linear_row_kernel (its launch bounds)
+constexpr unsigned kPortableClusterBlocks = 8;  // larger clusters need an attribute (sm_90: up to 16)
+constexpr int64_t kMaxClusterBlocks = 16;
 
 // kWholeChunks: every chunk lies inside K and loads without bounds checks (whole_chunk_loads).
 template <typename Weights, bool kWholeChunks>
@@ -1035,15 +1100,13 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
-  const int block_first = static_cast<int>(blockIdx.x) * kWarps;
-  const int block_end = min(a.units, block_first + kWarps);
-  // A warp past the last unit stages its share of x and leaves.
-  const bool has_unit = block_first + warp < block_end;
-  const int unit = min(block_first + warp, block_end - 1);
-  const int part = unit / a.tiles, tile = unit - part * a.tiles;
+  // A warp past the last unit stages its share of x (and with cluster sums adds its share of the sums).
+  const RowBlock block = row_block(a, warp);
+  const bool has_unit = block.has_unit;
+  const int part = block.unit_part;
   const int begin = part * a.chunks_per_part, end = min(a.chunks, begin + a.chunks_per_part);
   const int64_t n = a.out_features;
-  const int64_t feature = static_cast<int64_t>(tile) * kTileFeatures + g;
+  const int64_t feature = static_cast<int64_t>(block.tile) * kTileFeatures + g;
   const typename Weights::Rows rows = weights.rows(min64(feature, n - 1), min64(feature + 8, n - 1));
   auto load = [&](int chunk) {
     if constexpr (kWholeChunks)
@@ -1061,18 +1124,23 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   wait_for_previous_kernel();
   allow_next_kernel();
   // Only the chunks of x that this block's units read (its parts' slice of K).
-  const RowStage stage = row_stage(a, block_first, block_end);
-  const int staged_chunks = stage.end_chunk - stage.first_chunk;
+  const int staged_chunks = block.end_chunk - block.first_chunk;
   const XStage x_stage{reinterpret_cast<uint32_t*>(x_row_storage),
                        reinterpret_cast<float*>(x_row_storage) + row_stage_words<kForm>(staged_chunks), 0,
                        staged_chunks};
-  const int64_t k0 = int64_t{stage.first_chunk} * kChunkK;
+  // The cluster's split sums follow the largest staged x, at one offset in every block of the cluster.
+  float* const cluster_sums = reinterpret_cast<float*>(x_row_storage) +
+                              x_stage_bytes<kForm>(min(a.chunks, a.chunks_per_part)) / sizeof(float);
+  const int64_t k0 = int64_t{block.first_chunk} * kChunkK;
   if (a.x_aligned)
     stage_x<kForm, true, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   else
     stage_x<kForm, false, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   __syncthreads();
-  if (!has_unit) return;
+  if (!has_unit) {
+    if (a.cluster_sums) add_cluster_split_sums(a, block, cluster_sums);
+    return;
+  }
 
   // Row 0 of a split's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
   // A row's result is its splits' sums added in split order, from zero: here when the unit spans K, else
@@ -1083,7 +1151,12 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   // After chunk `chunk`'s sums joined acc: at the end of its split, the split's sums leave acc.
   auto end_split_after = [&](int chunk) {
     if (--split_left != 0 && chunk + 1 != end) return;
-    if (a.parts > 1) {
+    if (a.cluster_sums) {
+      if (q == 0) {
+        *row_cluster_sum_slot(a, cluster_sums, warp * kTileFeatures + g, split) = acc[0][0];
+        *row_cluster_sum_slot(a, cluster_sums, warp * kTileFeatures + g + 8, split) = acc[0][2];
+      }
+    } else if (a.parts > 1) {
       float* partial = a.partials + split * n;
       if (q == 0 && feature < n) partial[feature] = acc[0][0];
       if (q == 0 && feature + 8 < n) partial[feature + 8] = acc[0][2];
@@ -1106,7 +1179,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 #pragma unroll
       for (int i = 0; i < kStep; ++i)
         multiply_row_chunk<Weights>(kScaled ? sums[i] : acc, ring[s + i], x_stage,
-                                    min(chunk + i, end - 1) - stage.first_chunk, q);
+                                    min(chunk + i, end - 1) - block.first_chunk, q);
 #pragma unroll
       for (int i = 0; i < kStep; ++i)
         if (chunk + i + kDepth < end) ring[s + i] = load(chunk + i + kDepth);
@@ -1114,14 +1187,16 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
       for (int i = 0; i < kStep; ++i) {
         if (chunk + i >= end) break;
         if constexpr (kScaled) {
-          const float inverse = x_stage.scales[chunk + i - stage.first_chunk];
+          const float inverse = x_stage.scales[chunk + i - block.first_chunk];
           fold_chunk<1>(acc, sums[i], {{inverse, inverse}});
         }
         end_split_after(chunk + i);
       }
     }
   }
-  if (a.parts == 1) {
+  if (a.cluster_sums) {
+    add_cluster_split_sums(a, block, cluster_sums);
+  } else if (a.parts == 1) {
     if (q == 0 && feature < n) a.out[feature] = total[0];
     if (q == 0 && feature + 8 < n) a.out[feature + 8] = total[1];
   }
@@ -1231,13 +1306,6 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
 
 constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
 
-// The one-row kernel's shared memory for `chunks` chunks of x in the form kForm (values, then FP16's scales).
-template <XForm kForm>
-int64_t x_stage_bytes(int64_t chunks) {
-  const int64_t scale_bytes = kForm == XForm::Fp16Scaled ? sizeof(float) : 0;
-  return row_stage_words<kForm>(chunks) * static_cast<int64_t>(sizeof(uint32_t)) + chunks * scale_bytes;
-}
-
 // The most a block stages (the whole of x, in the larger form): K <= 12288. A block stages its parts' slice
 // (launch_row sizes that), never more.
 int64_t whole_x_stage_bytes(int64_t in_features) {
@@ -1247,6 +1315,18 @@ int64_t whole_x_stage_bytes(int64_t in_features) {
 // Whether the one-row kernel takes a call of `rows` rows of x (else the many-row kernel does).
 bool one_row_kernel_takes(int64_t rows, int64_t in_features, const LinearMmaTuning& tuning) {
   return rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes;
+}
+
+template <typename Weights, bool kWholeChunks>
+cudaError_t launch_row_kernel(dim3 grid, size_t shared, unsigned cluster, cudaStream_t stream,
+                              const RowArgs& args, const Weights& weights) {
+  if (cluster > kPortableClusterBlocks) {
+    static const cudaError_t allowed = cudaFuncSetAttribute(
+        linear_row_kernel<Weights, kWholeChunks>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (allowed != cudaSuccess) return allowed;
+  }
+  return launch_kernel_in_clusters(linear_row_kernel<Weights, kWholeChunks>, grid, kThreads, shared, cluster,
+                                   stream, args, weights);
 }
 
 template <typename Weights>
@@ -1275,6 +1355,16 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   const int64_t chunks_per_part = std::min(split.splits, splits_per_part) * split.chunks_per_split;
   const int64_t parts = (split.chunks + chunks_per_part - 1) / chunks_per_part;
   const int64_t units = tiles * parts;
+  const int64_t splits_in_part = chunks_per_part / split.chunks_per_split;
+  // A block's units span at most this many parts (whatever its first unit), so many chunks of x; one with
+  // cluster sums.
+  const int64_t spanned = std::min(parts, (kWarps - 1) / tiles + 2);
+  const int64_t cluster_shared =
+      x_stage_bytes<Weights::kX>(std::min(split.chunks, chunks_per_part)) +
+      int64_t{row_cluster_sums_floats(static_cast<int>(parts), static_cast<int>(split.splits))} *
+          static_cast<int64_t>(sizeof(float));
+  const bool cluster_sums = tuning.row_cluster_sums && parts > 1 && parts <= kMaxClusterBlocks &&
+                            cluster_shared <= kRowMaxStageBytes && clusters_supported();
   const RowArgs args{out.ptr<float>(),
                      x.ptr<const float>(),
                      up,
@@ -1285,25 +1375,26 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
                      static_cast<int>(split.splits),
                      static_cast<int>(chunks_per_part),
                      static_cast<int>(parts),
-                     static_cast<int>(chunks_per_part / split.chunks_per_split),
+                     static_cast<int>(splits_in_part),
                      static_cast<int>(tiles),
                      static_cast<int>(units),
                      workspace.partials,
-                     rows_aligned_to_float4(x)};
-  const dim3 grid(static_cast<unsigned>((units + kWarps - 1) / kWarps));
-  // A block's units span at most this many parts (whatever its first unit), so many chunks of x.
-  const int64_t spanned = std::min(parts, (kWarps - 1) / tiles + 2);
-  const int64_t staged_chunks = std::min(split.chunks, spanned * chunks_per_part);
-  const auto shared = static_cast<size_t>(x_stage_bytes<Weights::kX>(staged_chunks));
+                     rows_aligned_to_float4(x),
+                     cluster_sums};
+  const dim3 grid(static_cast<unsigned>(cluster_sums ? (tiles + kWarps - 1) / kWarps * parts
+                                                     : (units + kWarps - 1) / kWarps));
+  const auto shared = static_cast<size_t>(
+      cluster_sums ? cluster_shared
+                   : x_stage_bytes<Weights::kX>(std::min(split.chunks, spanned * chunks_per_part)));
+  const auto cluster = static_cast<unsigned>(cluster_sums ? parts : 1);
   status = [&] {
     if constexpr (!Weights::kAlwaysWhole) {
       if (!whole_chunk_loads(in_features))
-        return launch_kernel(linear_row_kernel<Weights, false>, grid, kThreads, shared, stream, args,
-                             weights);
+        return launch_row_kernel<Weights, false>(grid, shared, cluster, stream, args, weights);
     }
-    return launch_kernel(linear_row_kernel<Weights, true>, grid, kThreads, shared, stream, args, weights);
+    return launch_row_kernel<Weights, true>(grid, shared, cluster, stream, args, weights);
   }();
-  if (status != cudaSuccess || parts == 1) return status;
+  if (status != cudaSuccess || parts == 1 || cluster_sums) return status;
   return launch_split_sums({args.out, 0, args.partials, 1, out_features, args.splits}, stream);
 }
 

@@ -1,4 +1,4 @@
-// The process-wide choice of programmatic dependent launch (pdl.cuh).
+// The process-wide choices of programmatic dependent launch and of cluster launches (pdl.cuh).
 #include <cstdint>
 #include <limits>
 
@@ -12,17 +12,21 @@ namespace {
 
 // Never launched: compiled with the same architectures as every kernel of the backend, its attributes say
 // which virtual architecture the code the device runs was built for (a build for sm_80 alone runs on an
-// H200 through the compute_80 PTX, whose kernels have no griddepcontrol.wait).
+// H200 through the compute_80 PTX, whose kernels have no griddepcontrol.wait and no cluster barriers).
 __global__ void pdl_probe_kernel() {
   wait_for_previous_kernel();
   allow_next_kernel();
 }
 
-bool decide() {
-  if (env_integer("QSPEC_PDL", 0, 1) == 0) return false;
+bool sm90_code() {
   cudaFuncAttributes attributes{};
   check_cuda(cudaFuncGetAttributes(&attributes, pdl_probe_kernel), "cudaFuncGetAttributes (PDL probe)");
   return attributes.ptxVersion >= 90;
+}
+
+bool decide() {
+  if (env_integer("QSPEC_PDL", 0, 1) == 0) return false;
+  return sm90_code();
 }
 
 int64_t decide_max_blocks() {
@@ -34,6 +38,11 @@ int64_t decide_max_blocks() {
 bool programmatic_launch_enabled() {
   static const bool enabled = decide();
   return enabled;
+}
+
+bool clusters_supported() {
+  static const bool supported = sm90_code();
+  return supported;
 }
 
 int64_t programmatic_launch_max_blocks() {

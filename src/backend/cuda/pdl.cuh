@@ -53,6 +53,10 @@ __device__ __forceinline__ void allow_next_kernel_unless_cublas_next(bool cublas
 // call (CudaBackend's constructor makes it, outside any stream capture) and fixed for the process.
 bool programmatic_launch_enabled();
 
+// Whether kernels may be launched in thread block clusters: the code the device runs was built for sm_90+
+// (the probe below; no environment setting).
+bool clusters_supported();
+
 // The largest grid (in blocks) launched with the attribute; 0: any. QSPEC_PDL_MAX_BLOCKS sets it, for
 // measuring which kernels gain from an early start (one that fills the GPU for several waves only holds SM
 // slots with its waiting blocks while the previous grid drains).
@@ -67,27 +71,41 @@ int64_t programmatic_launch_max_blocks();
 // workspaces) is touched before the wait.
 
 // Launches kernel(args...) on `stream` (the triple-chevron launch's grid, block and dynamic shared bytes)
-// with the PDL attribute when it is enabled; returns the launch status. A failed launch's error is also
-// taken off the runtime's last-error slot (as the cudaGetLastError() after a chevron launch did), so no later
-// caller (cuBLAS checks it) sees it again.
+// with the PDL attribute when it is enabled, in clusters of `cluster_blocks` consecutive blocks along x when
+// that is more than 1 (sm_90+: the caller checks clusters_supported() and that the count divides grid.x);
+// returns the launch status. A failed launch's error is also taken off the runtime's last-error slot (as the
+// cudaGetLastError() after a chevron launch did), so no later caller (cuBLAS checks it) sees it again.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                          cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                      unsigned cluster_blocks, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  const int64_t max_blocks = programmatic_launch_max_blocks();
+  const auto blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  if (programmatic_launch_enabled() && (max_blocks == 0 || blocks <= max_blocks)) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_blocks > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {cluster_blocks, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  const int64_t max_blocks = programmatic_launch_max_blocks();
-  const auto blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  config.numAttrs = programmatic_launch_enabled() && (max_blocks == 0 || blocks <= max_blocks) ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (status != cudaSuccess) static_cast<void>(cudaGetLastError());
   return status;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args&&... args) {
+  return launch_kernel_in_clusters(kernel, grid, block, shared_bytes, 1, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace qspec::cuda
