@@ -256,13 +256,13 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
 __global__ void __launch_bounds__(kFinishThreads)
     gdn_mixer_finish_kernel(MixerArgs a, gdn::Dims d, int slabs) {
   const int tid = static_cast<int>(threadIdx.x);
-  const float norm_scale = tid < d.dv ? a.norm_weight.at(0, tid) : 0.0f;
-  wait_for_previous_kernel();
-  allow_next_kernel();
   const int T = a.tokens;
-  const int64_t nk_dk = static_cast<int64_t>(d.num_key_heads) * d.dk;
   const int64_t rows = int64_t{T} * d.num_value_heads;
   const int64_t block = blockIdx.x;
+  const float norm_scale = block < rows && tid < d.dv ? a.norm_weight.at(0, tid) : 0.0f;  // a weight
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const int64_t nk_dk = static_cast<int64_t>(d.num_key_heads) * d.dk;
   if (block < rows) {
     const int64_t t = block / d.num_value_heads;
     const int head = static_cast<int>(block % d.num_value_heads);

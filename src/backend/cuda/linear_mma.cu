@@ -104,6 +104,16 @@ __device__ inline void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
 }
 
+// The 128-byte lines holding bytes [begin, end) into L2, lane q of a quad taking lines q, q + 4, ... from the
+// line of the first byte (a range that starts inside a line still gets its last line).
+__device__ inline void prefetch_lines(const void* begin, const void* end, int q) {
+  constexpr uintptr_t kLine = 128;
+  const auto last = reinterpret_cast<uintptr_t>(end);
+  for (uintptr_t line = (reinterpret_cast<uintptr_t>(begin) & ~(kLine - 1)) + kLine * q; line < last;
+       line += 4 * kLine)
+    prefetch_l2(reinterpret_cast<const void*>(line));
+}
+
 __device__ inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
@@ -246,19 +256,13 @@ struct PackedInt4Weights {
   __device__ void prefetch_chunks(const Rows& r, int begin, int end, int q) const {
     const auto first_block = static_cast<uint32_t>(begin * kChunkBlocks);
     const auto end_block = static_cast<uint32_t>(min64(int64_t{end} * kChunkBlocks, blocks));
-    constexpr uint32_t kBlockWords = kBlockK / 8, kLineWords = 128 / sizeof(uint32_t);
-    for (uint32_t w = first_block * kBlockWords + kLineWords * q; w < end_block * kBlockWords;
-         w += 4 * kLineWords) {
-      prefetch_l2(packed + (r.packed_low + w));
-      prefetch_l2(packed + (r.packed_high + w));
-    }
+    constexpr uint32_t kBlockWords = kBlockK / 8;
+    for (const uint32_t row : {r.packed_low, r.packed_high})
+      prefetch_lines(packed + (row + first_block * kBlockWords), packed + (row + end_block * kBlockWords), q);
     const uint32_t first_group = first_block / blocks_per_group;
     const uint32_t end_group = (end_block + blocks_per_group - 1) / blocks_per_group;
-    constexpr uint32_t kLineScales = 128 / sizeof(S);
-    for (uint32_t i = first_group + kLineScales * q; i < end_group; i += 4 * kLineScales) {
-      prefetch_l2(scales + (r.scales_low + i));
-      prefetch_l2(scales + (r.scales_high + i));
-    }
+    for (const uint32_t row : {r.scales_low, r.scales_high})
+      prefetch_lines(scales + (row + first_group), scales + (row + end_group), q);
   }
 
   // load() for a chunk inside K, without the bounds checks. In the backend's word order (packed_int4_order.h)
