@@ -1,9 +1,13 @@
 // Probe (not built; session 19): how fast a decode step's 128 body linears (the 4B's W4A16 g32 sizes) and the
-// head can be streamed, one kernel each, chained with PDL in one graph: register loads vs TMA bulk copies
-// into shared-memory rings, and what a dependent node between linears costs. Build: nvcc -std=c++17 -O3
-// -arch=sm_90a -o stream_probe docs/attempts/stream-floor-probe.cu. Results: cuda-ops-notes.md row 20261201-1537.
+// head can be streamed: one kernel each, chained with PDL in one graph (register loads vs TMA bulk copies into
+// shared-memory rings, and what a dependent node between linears costs), and one persistent kernel streaming
+// them all (with PROBE_PERSISTENT_ONLY set, only the first table and the persistent forms). Build: nvcc
+// -std=c++17 -O3 -arch=sm_90a -o stream_probe docs/attempts/stream-floor-probe.cu. Results: cuda-ops-notes.md
+// rows 20261201-1537 and -1632 (the persistent form's barrier variants with the occupancy-sized grid are not
+// yet run).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <cstdio>
@@ -131,6 +135,97 @@ __global__ void stream_tma(const uint8_t* w, int64_t nbytes, int stage_bytes, ui
   if (acc == 0x12345678u) out[wid * 32 + lane] = acc;
 }
 
+// A persistent form: one kernel streams every linear, each warp its share of each in order through one ring
+// that runs across linears (weights never wait); with `barrier`, a grid-wide barrier (every warp arrives on a
+// counter) between linears before a warp reads the next one's stages, as a persistent decode kernel would
+// wait for x.
+struct Linear {
+  const uint8_t* p;
+  int64_t bytes;
+};
+
+struct WarpCursor {
+  int linear = 0;
+  int64_t stage = 0, stages = 0, begin = 0, end = 0;
+  __device__ void enter(const Linear* lins, int count, int64_t wid, int64_t warps, int stage_bytes) {
+    for (; linear < count; ++linear) {
+      int64_t per = (lins[linear].bytes + warps - 1) / warps;
+      per = (per + 15) / 16 * 16;
+      begin = min(lins[linear].bytes, wid * per);
+      end = min(lins[linear].bytes, begin + per);
+      stages = (end - begin + stage_bytes - 1) / stage_bytes;
+      stage = 0;
+      if (stages > 0) return;
+    }
+  }
+  __device__ void advance(const Linear* lins, int count, int64_t wid, int64_t warps, int stage_bytes) {
+    if (++stage < stages) return;
+    ++linear;
+    enter(lins, count, wid, warps, stage_bytes);
+  }
+};
+
+template <int D>
+__global__ void stream_persistent(const Linear* lins, int count, int stage_bytes, int barrier, unsigned* counter,
+                                  uint32_t* out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int nw = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem) + warp * D;
+  uint8_t* ring = smem + 1024 + static_cast<size_t>(warp) * D * stage_bytes;
+  const int64_t warps = int64_t{gridDim.x} * nw, wid = int64_t{blockIdx.x} * nw + warp;
+  WarpCursor issued, used;
+  issued.enter(lins, count, wid, warps, stage_bytes);
+  used.enter(lins, count, wid, warps, stage_bytes);
+  int64_t issued_count = 0;
+  auto issue = [&]() {
+    const int slot = static_cast<int>(issued_count % D);
+    const int64_t off = issued.begin + issued.stage * stage_bytes;
+    const auto bytes = static_cast<uint32_t>(min(int64_t{stage_bytes}, issued.end - off));
+    mbar_expect_tx(&bars[slot], bytes);
+    bulk_copy(ring + static_cast<size_t>(slot) * stage_bytes, lins[issued.linear].p + off, bytes, &bars[slot]);
+    ++issued_count;
+    issued.advance(lins, count, wid, warps, stage_bytes);
+  };
+  if (lane == 0) {
+    for (int d = 0; d < D; d++) mbar_init(&bars[d], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int d = 0; d < D && issued.linear < count; d++) issue();
+  pdl_wait();
+  pdl_allow();
+  uint32_t acc = 0;
+  int current = used.linear;
+  for (int64_t k = 0; used.linear < count; k++) {
+    if (barrier && used.linear != current) {
+      for (; current < used.linear; ++current) {
+        __syncwarp();
+        if (lane == 0) {
+          __threadfence();
+          atomicAdd(counter, 1u);
+          const unsigned target = static_cast<unsigned>((current + 1) * warps);
+          while (*reinterpret_cast<volatile unsigned*>(counter) < target) __nanosleep(20);
+        }
+        __syncwarp();
+      }
+    }
+    const int slot = static_cast<int>(k % D);
+    mbar_wait(&bars[slot], static_cast<uint32_t>((k / D) & 1));
+    const int64_t off = used.begin + used.stage * stage_bytes;
+    const int bytes = static_cast<int>(min(int64_t{stage_bytes}, used.end - off));
+    const uint4* v = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * stage_bytes);
+    for (int i = lane; i < bytes / 16; i += 32) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    __syncwarp();
+    if (lane == 0 && issued.linear < count) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      issue();
+    }
+    used.advance(lins, count, wid, warps, stage_bytes);
+  }
+  if (acc == 0x12345678u) out[wid * 32 + lane] = acc;
+}
+
 // A norm-like node between linears: one block reads and writes a 2560-float row.
 template <bool kEarly>
 __global__ void row_node(const float* x, float* y) {
@@ -158,6 +253,7 @@ void launch(K kernel, int grid, int threads, size_t shared, cudaStream_t st, A..
 }
 
 int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const double mb = 1e6;
@@ -220,7 +316,8 @@ int main() {
   // with_nodes: 0 none; 1 one node (trigger after wait); 2 one node (trigger first); 3 two nodes, late;
   // 4 two nodes, early; 5 two nodes of 132 blocks, early; 6 the same, late
   const char* node_names[] = {"", "+1late", "+1early", "+2late", "+2early", "+2x132e", "+2x132l"};
-  for (int with_nodes = 0; with_nodes < 7; with_nodes++)
+  const int node_variants = getenv("PROBE_PERSISTENT_ONLY") ? 1 : 7;
+  for (int with_nodes = 0; with_nodes < node_variants; with_nodes++)
     for (auto& c : configs)
       for (int part = 0; part < (with_nodes == 0 ? 2 : 1); part++) {  // 0: body, 1: head alone
         cudaGraph_t graph;
@@ -264,5 +361,69 @@ int main() {
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
       }
+  // The persistent form over the body (and the body + head), without and with a grid barrier per linear.
+  std::vector<Linear> host_linears;
+  {
+    int64_t off = 0;
+    for (auto sz : sizes) host_linears.push_back({buf + off, sz}), off += sz;
+  }
+  for (int with_head = 0; with_head < 2; with_head++) {
+    std::vector<Linear> lins = host_linears;
+    if (with_head) lins.push_back({buf + body, head});
+    Linear* device_linears = nullptr;
+    CK(cudaMalloc(&device_linears, lins.size() * sizeof(Linear)));
+    CK(cudaMemcpy(device_linears, lins.data(), lins.size() * sizeof(Linear), cudaMemcpyHostToDevice));
+    unsigned* counter = nullptr;
+    CK(cudaMalloc(&counter, sizeof(unsigned)));
+    struct P {
+      int stage, depth, warps, blocks;
+    };
+    for (const P& pc : {P{8192, 2, 4, 3}, P{4096, 4, 4, 3}, P{16384, 2, 4, 1}, P{8192, 4, 4, 1}})
+      for (int barrier = 0; barrier < 2; barrier++) {
+        const size_t shared = 1024 + static_cast<size_t>(pc.warps) * pc.depth * pc.stage;
+        CK(cudaFuncSetAttribute(stream_persistent<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+        CK(cudaFuncSetAttribute(stream_persistent<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+        cudaGraph_t graph;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), st));
+        const int count = static_cast<int>(lins.size());
+        // The barrier needs every block resident at once: the grid is what the occupancy query allows (the
+        // session 19 run without this query hung in its first barrier variant).
+        int fit = 0;
+        CK(cudaFuncSetAttribute(stream_persistent<2>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        CK(cudaFuncSetAttribute(stream_persistent<4>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        if (pc.depth == 2)
+          CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, stream_persistent<2>, pc.warps * 32, shared));
+        else
+          CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, stream_persistent<4>, pc.warps * 32, shared));
+        const int grid = sms * std::min(pc.blocks, fit);
+        if (pc.depth == 2)
+          launch(stream_persistent<2>, grid, pc.warps * 32, shared, st, (const Linear*)device_linears, count,
+                 pc.stage, barrier, counter, out);
+        else
+          launch(stream_persistent<4>, grid, pc.warps * 32, shared, st, (const Linear*)device_linears, count,
+                 pc.stage, barrier, counter, out);
+        CK(cudaStreamEndCapture(st, &graph));
+        cudaGraphExec_t exec;
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(exec, st));
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        const int reps = 10;
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(exec, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        const double us = ms * 1000 / reps;
+        const double bytes = static_cast<double>(body) + (with_head ? static_cast<double>(head) : 0.0);
+        printf("persistent %s %dK d%d w%d b%d %-8s %8.1f us  %6.2f TB/s\n", with_head ? "body+head" : "body",
+               pc.stage / 1024, pc.depth, pc.warps, pc.blocks, barrier ? "barriers" : "", us, bytes / us / 1e6);
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+      }
+  }
   return 0;
 }
