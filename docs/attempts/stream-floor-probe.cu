@@ -252,6 +252,26 @@ void launch(K kernel, int grid, int threads, size_t shared, cudaStream_t st, A..
   CK(cudaLaunchKernelEx(&c, kernel, args...));
 }
 
+// Instantiates the captured graph, runs it 3 times, then times 10 runs: microseconds a run.
+double time_graph(cudaStream_t st, cudaGraph_t graph) {
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(exec, st));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int reps = 10;
+  CK(cudaEventRecord(a, st));
+  for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(exec, st));
+  CK(cudaEventRecord(b, st));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return ms * 1000 / reps;
+}
+
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
   int sms = 0;
@@ -341,25 +361,10 @@ int main() {
           c.run(buf + body, head);
         }
         CK(cudaStreamEndCapture(st, &graph));
-        cudaGraphExec_t exec;
-        CK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(exec, st));
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        const int reps = 10;
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(exec, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        const double us = ms * 1000 / reps;
+        const double us = time_graph(st, graph);
         const double bytes = part == 0 ? body : head;
         printf("%-8s %-18s %-5s %8.1f us  %6.2f TB/s\n", node_names[with_nodes], c.name.c_str(),
                part == 0 ? "body" : "head", us, bytes / us / 1e6);
-        CK(cudaGraphExecDestroy(exec));
-        CK(cudaGraphDestroy(graph));
       }
   // The persistent form over the body (and the body + head), without and with a grid barrier per linear.
   std::vector<Linear> host_linears;
@@ -404,25 +409,10 @@ int main() {
           launch(stream_persistent<4>, grid, pc.warps * 32, shared, st, (const Linear*)device_linears, count,
                  pc.stage, barrier, counter, out);
         CK(cudaStreamEndCapture(st, &graph));
-        cudaGraphExec_t exec;
-        CK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(exec, st));
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        const int reps = 10;
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(exec, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        const double us = ms * 1000 / reps;
+        const double us = time_graph(st, graph);
         const double bytes = static_cast<double>(body) + (with_head ? static_cast<double>(head) : 0.0);
         printf("persistent %s %dK d%d w%d b%d %-8s %8.1f us  %6.2f TB/s\n", with_head ? "body+head" : "body",
                pc.stage / 1024, pc.depth, pc.warps, pc.blocks, barrier ? "barriers" : "", us, bytes / us / 1e6);
-        CK(cudaGraphExecDestroy(exec));
-        CK(cudaGraphDestroy(graph));
       }
   }
   return 0;
