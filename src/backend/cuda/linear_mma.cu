@@ -1069,6 +1069,9 @@ __device__ void add_cluster_split_sums(const RowArgs& a, const RowBlock& b, cons
 #endif
 }
 
+// One chunk of weights times the staged row of x (staged chunk `staged`), into `sums`. Row 0 of x is column
+// 0 of B; every lane loads it (lanes of one q read one address: a broadcast), so the other columns repeat it
+// and are never stored.
 template <typename Weights>
 __device__ inline void multiply_row_chunk(float (&sums)[1][4], const typename Weights::Loaded& w,
                                           const XStage& x_stage, int staged, int q) {
