@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
     stream_ = std::make_unique<CudaStream>();
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).
     static_cast<void>(programmatic_launch_enabled());
+    static_cast<void>(clusters_supported());
   }
 
   std::string name() const override { return "cuda"; }

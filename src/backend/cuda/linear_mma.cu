@@ -26,8 +26,9 @@
 // read a loaded register before its chunk is computed (a copy or a repacking there waits for the load, and
 // the loads in flight go from several to one). When the tiles alone leave the GPU short of warps (2560 output
 // features at K 9216), K is split over blocks in a way that depends on N and K only, and the splits' partials
-// are added in split order by a kernel of their own (sum_split_partials_kernel), so results depend neither on
-// timing nor on how many rows share the call (a row's arithmetic is the same at M = 1 and 16).
+// are added in split order by a kernel of their own (sum_split_partials_kernel; the one-row kernel on sm_90+
+// adds them inside a thread block cluster in the same order), so results depend neither on timing nor on how
+// many rows share the call (a row's arithmetic is the same at M = 1 and 16).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -982,8 +983,9 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 // one barrier after the staging and none after that; for the gated MLP's down projection the staging makes
 // silu(gate) * up. The split of K is the many-row kernel's (mma_split) and each split's sums are made the
 // same way, so a row's result equals that of a many-row call bit for bit, whatever the parts: a unit spanning
-// K adds its splits' sums in split order itself; otherwise it stores one partial per split, which
-// sum_split_partials_kernel adds in split order.
+// K adds its splits' sums in split order itself; otherwise each split's sums go to the cluster's owner block
+// of their features (cluster sums, sm_90+) or to one partial per split for sum_split_partials_kernel, which
+// add them in split order.
 struct RowArgs {
   float* out;
   const float* x;
@@ -992,7 +994,7 @@ struct RowArgs {
   int chunks, chunks_per_split, splits;  // the split of K (mma_split): it sets the order of a row's sums
   int chunks_per_part, parts;            // a unit's part of K: a whole number of splits (launch_row's choice)
   int splits_per_part;                   // chunks_per_part / chunks_per_split
-  int tiles, units;                      // units: tiles x parts, part-major
+  int tiles, units;                      // units: tiles x parts, part-major (without cluster sums)
   float* partials;                       // [splits][out_features] when parts > 1 and not cluster_sums
   bool x_aligned;                        // float4 loads of x
   // The parts of a block's tiles run as one cluster (sm_90+) and add their splits' sums there: no partials
@@ -1151,7 +1153,8 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
 
   // Row 0 of a split's sums is held by the lanes with q == 0: features g (acc[0][0]) and g + 8 (acc[0][2]).
   // A row's result is its splits' sums added in split order, from zero: here when the unit spans K, else
-  // by sum_split_partials_kernel, from the partials.
+  // by the cluster's owner block (add_cluster_split_sums) or by sum_split_partials_kernel, from the
+  // partials.
   float acc[1][4] = {};
   float total[2] = {};
   int split = part * a.splits_per_part, split_left = a.chunks_per_split;
