@@ -523,8 +523,9 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
 // rows must equal the decode steps' exactly, although one row goes through the one-row kernel and 16 through
 // the many-row one (the same split of K and the same sums in both). 16 rows at once vs each row alone: W4A16
 // g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) with K 2624 (a partial last
-// chunk) at g32, g64 (per-block scales) and g128 (a partial last group), and BF16 (K 9216 and 2624), with x
-// rows 16-byte aligned and not (a view one column in).
+// chunk) at g32, g64 (per-block scales) and g128 (a partial last group), K 4096 and 3072 (16 and 24 splits:
+// clusters of 16 and 12 parts), and BF16 (K 9216 and 2624), with x rows 16-byte aligned and not (a view one
+// column in).
 TEST(CudaOps, LinearRowsIndependentOfBatch) {
   std::mt19937 rng(61);
   auto& b = backends();
@@ -535,7 +536,8 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
   };
   for (const Case& c :
        {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32}, Case{1000, 2624, 32},
-        Case{1000, 2624, 64}, Case{1000, 2624, 128}, Case{2560, 9216, 0}, Case{1000, 2624, 0}}) {
+        Case{1000, 2624, 64}, Case{1000, 2624, 128}, Case{2560, 4096, 32}, Case{2560, 3072, 32},
+        Case{2560, 9216, 0}, Case{1000, 2624, 0}}) {
     LinearWeight w{c.n, c.k, {}, {}, {}, c.group, {}};
     WeightPair weight, packed, scales;
     if (c.group == 0) {

@@ -1005,9 +1005,9 @@ struct RowArgs {
 // A block's units: its warps' tiles, their part of K, and the chunks of x they read.
 struct RowBlock {
   int first_tile, tiles;  // cluster sums: the block's tiles, all of one part
-  int part;               // cluster sums: the part of every warp of the block
   bool has_unit;          // this warp's
-  int tile, unit_part;    // this warp's unit (the block's last when it has none)
+  int tile, part;         // this warp's unit (the block's last when it has none); with cluster sums, the
+                          // part of every warp of the block
   int first_chunk, end_chunk;
 };
 
@@ -1021,7 +1021,6 @@ __device__ inline RowBlock row_block(const RowArgs& a, int warp) {
     b.tiles = min(kWarps, a.tiles - b.first_tile);
     b.has_unit = warp < b.tiles;
     b.tile = b.first_tile + min(warp, b.tiles - 1);
-    b.unit_part = b.part;
     b.first_chunk = b.part * a.chunks_per_part;
     b.end_chunk = min(a.chunks, b.first_chunk + a.chunks_per_part);
     return b;
@@ -1030,8 +1029,8 @@ __device__ inline RowBlock row_block(const RowArgs& a, int warp) {
   const int end_unit = min(a.units, first_unit + kWarps);
   b.has_unit = first_unit + warp < end_unit;
   const int unit = min(first_unit + warp, end_unit - 1);
-  b.unit_part = unit / a.tiles;
-  b.tile = unit - b.unit_part * a.tiles;
+  b.part = unit / a.tiles;
+  b.tile = unit - b.part * a.tiles;
   const int first_part = first_unit / a.tiles, last_part = (end_unit - 1) / a.tiles;
   b.first_chunk = first_part * a.chunks_per_part;
   b.end_chunk = min(a.chunks, (last_part + 1) * a.chunks_per_part);
@@ -1054,6 +1053,21 @@ __device__ inline float* row_cluster_sum_slot(const RowArgs& a, float* sums, int
          split;
 #else
   return sums + f / a.parts * a.splits + split;  // never used: clusters_supported() is false
+#endif
+}
+
+// Distributed shared memory may be accessed only once every block of the cluster has started: each thread
+// arrives at the kernel's start and waits before its block's first store into another block (the first phase
+// of the cluster barrier; add_cluster_split_sums' sync is the second).
+__device__ inline void cluster_arrive_started() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+
+__device__ inline void cluster_wait_started() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
 
@@ -1112,7 +1126,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   // A warp past the last unit stages its share of x (and with cluster sums adds its share of the sums).
   const RowBlock block = row_block(a, warp);
   const bool has_unit = block.has_unit;
-  const int part = block.unit_part;
+  const int part = block.part;
   const int begin = part * a.chunks_per_part, end = min(a.chunks, begin + a.chunks_per_part);
   const int64_t n = a.out_features;
   const int64_t feature = static_cast<int64_t>(block.tile) * kTileFeatures + g;
@@ -1130,6 +1144,10 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   for (int j = 0; j < kDepth; ++j)
     if (has_unit && begin + j < end) ring[j] = load(begin + j);  // weights only: before the wait (pdl.cuh)
   if (has_unit && begin + kDepth < end) weights.prefetch_chunks(rows, begin + kDepth, end, q);
+  if (a.cluster_sums) {
+    __syncwarp();              // the arrive is .aligned: every lane, after the lane-dependent loops above
+    cluster_arrive_started();  // no global access: before the wait is fine (pdl.cuh)
+  }
   wait_for_previous_kernel();
   allow_next_kernel();
   // Only the chunks of x that this block's units read (its parts' slice of K).
@@ -1146,6 +1164,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   else
     stage_x<kForm, false, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
   __syncthreads();
+  if (a.cluster_sums) cluster_wait_started();  // before any store into another block's shared memory
   if (!has_unit) {
     if (a.cluster_sums) add_cluster_split_sums(a, block, cluster_sums);
     return;
@@ -1327,14 +1346,24 @@ bool one_row_kernel_takes(int64_t rows, int64_t in_features, const LinearMmaTuni
   return rows == 1 && tuning.one_row_kernel && whole_x_stage_bytes(in_features) <= kRowMaxStageBytes;
 }
 
+// The largest cluster of linear_row_kernel blocks of `shared` bytes the GPU can schedule: 8 portably, up to
+// 16 with the non-portable attribute where the GPU allows it (the H200 does).
+template <typename Weights, bool kWholeChunks>
+cudaError_t max_row_cluster_blocks(size_t shared, int& blocks) {
+  auto* const kernel = linear_row_kernel<Weights, kWholeChunks>;
+  static const cudaError_t allowed =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (allowed != cudaSuccess) return allowed;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kMaxClusterBlocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = shared;
+  return cudaOccupancyMaxPotentialClusterSize(&blocks, kernel, &config);
+}
+
 template <typename Weights, bool kWholeChunks>
 cudaError_t launch_row_kernel(dim3 grid, size_t shared, unsigned cluster, cudaStream_t stream,
                               const RowArgs& args, const Weights& weights) {
-  if (cluster > kPortableClusterBlocks) {
-    static const cudaError_t allowed = cudaFuncSetAttribute(
-        linear_row_kernel<Weights, kWholeChunks>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (allowed != cudaSuccess) return allowed;
-  }
   return launch_kernel_in_clusters(linear_row_kernel<Weights, kWholeChunks>, grid, kThreads, shared, cluster,
                                    stream, args, weights);
 }
@@ -1373,8 +1402,23 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
       x_stage_bytes<Weights::kX>(std::min(split.chunks, chunks_per_part)) +
       int64_t{row_cluster_sums_floats(static_cast<int>(parts), static_cast<int>(split.splits))} *
           static_cast<int64_t>(sizeof(float));
-  const bool cluster_sums = tuning.row_cluster_sums && parts > 1 && parts <= kMaxClusterBlocks &&
-                            cluster_shared <= kRowMaxStageBytes && clusters_supported();
+  // The kernel without bounds checks when every chunk lies inside K (never instantiated otherwise for weights
+  // that always load whole chunks).
+  const auto with_kernel = [&](auto call) {
+    if constexpr (!Weights::kAlwaysWhole)
+      if (!whole_chunk_loads(in_features)) return call(std::false_type{});
+    return call(std::true_type{});
+  };
+  bool cluster_sums = tuning.row_cluster_sums && parts > 1 && parts <= kMaxClusterBlocks &&
+                      cluster_shared <= kRowMaxStageBytes && clusters_supported();
+  if (cluster_sums && parts > kPortableClusterBlocks) {
+    int fits = 0;
+    status = with_kernel([&](auto whole) {
+      return max_row_cluster_blocks<Weights, decltype(whole)::value>(static_cast<size_t>(cluster_shared), fits);
+    });
+    if (status != cudaSuccess) return status;
+    cluster_sums = parts <= fits;
+  }
   const RowArgs args{out.ptr<float>(),
                      x.ptr<const float>(),
                      up,
@@ -1397,13 +1441,9 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
       cluster_sums ? cluster_shared
                    : x_stage_bytes<Weights::kX>(std::min(split.chunks, spanned * chunks_per_part)));
   const auto cluster = static_cast<unsigned>(cluster_sums ? parts : 1);
-  status = [&] {
-    if constexpr (!Weights::kAlwaysWhole) {
-      if (!whole_chunk_loads(in_features))
-        return launch_row_kernel<Weights, false>(grid, shared, cluster, stream, args, weights);
-    }
-    return launch_row_kernel<Weights, true>(grid, shared, cluster, stream, args, weights);
-  }();
+  status = with_kernel([&](auto whole) {
+    return launch_row_kernel<Weights, decltype(whole)::value>(grid, shared, cluster, stream, args, weights);
+  });
   if (status != cudaSuccess || parts == 1 || cluster_sums) return status;
   return launch_split_sums({args.out, 0, args.partials, 1, out_features, args.splits}, stream);
 }
