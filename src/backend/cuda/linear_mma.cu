@@ -1414,7 +1414,8 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   if (cluster_sums && parts > kPortableClusterBlocks) {
     int fits = 0;
     status = with_kernel([&](auto whole) {
-      return max_row_cluster_blocks<Weights, decltype(whole)::value>(static_cast<size_t>(cluster_shared), fits);
+      return max_row_cluster_blocks<Weights, decltype(whole)::value>(static_cast<size_t>(cluster_shared),
+                                                                     fits);
     });
     if (status != cudaSuccess) return status;
     cluster_sums = parts <= fits;
