@@ -216,6 +216,72 @@ TEST(CpuAttentionPrologue, EqualsSplitNormRopeStore) {
       {"attention_prologue", "dtypes"});
 }
 
+// Without a gate (qkv = queries | keys | values, the DFlash drafter's layers): the default against the ops
+// it stands for, with the queries normed in place (query = qkv's query columns) and into a tensor of their
+// own; a qkv as wide as the gated form's, or a query overlapping qkv elsewhere, is refused by name.
+TEST(CpuAttentionPrologue, WithoutGateInPlaceOrNot) {
+  std::mt19937 rng(29);
+  auto backend = make_cpu_backend();
+  const int heads = 4, kv_heads = 2, dim = 16, tokens = 3;
+  const int64_t q_cols = heads * dim, kv_cols = kv_heads * dim, width = q_cols + 2 * kv_cols;
+  const AttentionPrologueShape shape{heads, kv_heads, dim, dim, 1e4, 1e-6f, false};
+  const TestTensor q_norm = cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5);
+  const TestTensor k_norm = cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5);
+  TestTensor positions(DType::I32, tokens, 1);
+  for (int t = 0; t < tokens; ++t) positions.view().row<int32_t>(t)[0] = 4 + t;
+  // TestTensor copies share storage: new tensors with the values of random ones.
+  auto copy_of = [](const TestTensor& t) {
+    TestTensor copy(t.view().dtype, t.rows(), t.cols());
+    for (int64_t r = 0; r < t.rows(); ++r)
+      for (int64_t c = 0; c < t.cols(); ++c) copy.set(r, c, t.get(r, c));
+    return copy;
+  };
+  const TestTensor base = cpu_test::random_tensor(rng, DType::F32, tokens, width, -2, 2);
+  const TestTensor k_base = cpu_test::random_tensor(rng, DType::F32, 10, kv_cols);
+  const TestTensor v_base = cpu_test::random_tensor(rng, DType::F32, 10, kv_cols);
+  auto qkv_of = [&] { return copy_of(base); };
+  // The ops one by one.
+  TestTensor want_qkv = qkv_of();
+  TestTensor k_want = copy_of(k_base), v_want = copy_of(v_base);
+  const Tensor q = want_qkv.view().cols_view(0, q_cols), k = want_qkv.view().cols_view(q_cols, kv_cols);
+  backend->rmsnorm(q, q, q_norm.view(), 1e-6f, false);
+  backend->rmsnorm(k, k, k_norm.view(), 1e-6f, false);
+  backend->rope(q, positions.view(), dim, dim, 1e4);
+  backend->rope(k, positions.view(), dim, dim, 1e4);
+  backend->kv_store(k_want.view(), k, positions.view());
+  backend->kv_store(v_want.view(), want_qkv.view().cols_view(q_cols + kv_cols, kv_cols), positions.view());
+  for (const bool in_place : {true, false}) {
+    TestTensor qkv = qkv_of(), own_query(DType::F32, tokens, q_cols);
+    TestTensor k_cache = copy_of(k_base), v_cache = copy_of(v_base);
+    const Tensor query = in_place ? qkv.view().cols_view(0, q_cols) : own_query.view();
+    backend->attention_prologue(query, Tensor{}, qkv.view(), q_norm.view(), k_norm.view(), k_cache.view(),
+                                v_cache.view(), positions.view(), shape);
+    std::vector<float> got(static_cast<size_t>(tokens * q_cols)), expected(got.size());
+    for (int64_t r = 0; r < tokens; ++r)
+      for (int64_t c = 0; c < q_cols; ++c) {
+        got[static_cast<size_t>(r * q_cols + c)] = query.row<float>(r)[c];
+        expected[static_cast<size_t>(r * q_cols + c)] = q.row<float>(r)[c];
+      }
+    EXPECT_EQ(got, expected) << (in_place ? "in place" : "own query tensor");
+    EXPECT_EQ(cpu_test::relative_max_error(k_cache, cpu_test::reference_of(k_want)), 0.0);
+    EXPECT_EQ(cpu_test::relative_max_error(v_cache, cpu_test::reference_of(v_want)), 0.0);
+  }
+  TestTensor qkv = qkv_of(), k_cache(DType::F32, 10, kv_cols), v_cache(DType::F32, 10, kv_cols);
+  TestTensor gated_width(DType::F32, tokens, width + q_cols), query(DType::F32, tokens, q_cols);
+  cpu_test::expect_error(
+      [&] {
+        backend->attention_prologue(query.view(), Tensor{}, gated_width.view(), q_norm.view(), k_norm.view(),
+                                    k_cache.view(), v_cache.view(), positions.view(), shape);
+      },
+      {"attention_prologue", "qkv"});
+  cpu_test::expect_error(
+      [&] {
+        backend->attention_prologue(qkv.view().cols_view(1, q_cols), Tensor{}, qkv.view(), q_norm.view(),
+                                    k_norm.view(), k_cache.view(), v_cache.view(), positions.view(), shape);
+      },
+      {"attention_prologue", "query overlaps qkv"});
+}
+
 TEST(CpuSplitQueryGate, InterleavedPerHead) {
   std::mt19937 rng(5);
   auto backend = make_cpu_backend();

@@ -210,12 +210,19 @@ void check_attention_prologue_args(const Tensor& query, const Tensor& gate, cons
         op, shape.num_heads, shape.num_kv_heads, shape.head_dim);
   const int64_t q_cols = int64_t(shape.num_heads) * shape.head_dim;
   const int64_t kv_cols = int64_t(shape.num_kv_heads) * shape.head_dim;
+  const bool gated = !gate.empty();  // else qkv has no gate columns
   require_activation(op, "qkv", qkv);
-  require_shape(op, "qkv", qkv, qkv.rows, 2 * q_cols + 2 * kv_cols);
+  require_shape(op, "qkv", qkv, qkv.rows, (gated ? 2 : 1) * q_cols + 2 * kv_cols);
   require_activation(op, "query", query);
   require_shape(op, "query", query, qkv.rows, q_cols);
-  require_activation(op, "gate", gate);
-  require_shape(op, "gate", gate, qkv.rows, q_cols);
+  if (gated) {
+    require_activation(op, "gate", gate);
+    require_shape(op, "gate", gate, qkv.rows, q_cols);
+    if (query.overlaps(qkv) || gate.overlaps(qkv) || query.overlaps(gate))
+      fail("{}: query, gate and qkv must not overlap", op);
+  } else if (query.overlaps(qkv) && !(query.data == qkv.data && query.stride == qkv.stride)) {
+    fail("{}: query overlaps qkv other than as its query columns", op);
+  }
   require_activation(op, "k_cache", k_cache);
   require_shape(op, "k_cache", k_cache, k_cache.rows, kv_cols);
   require_activation(op, "v_cache", v_cache);

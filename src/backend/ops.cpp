@@ -16,8 +16,12 @@ void Backend::attention_prologue(const Tensor& query, const Tensor& gate, const 
   const int64_t q_cols = int64_t(shape.num_heads) * shape.head_dim;
   const int64_t kv_cols = int64_t(shape.num_kv_heads) * shape.head_dim;
   check_attention_prologue_args(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions, shape);
-  const Tensor k = qkv.cols_view(2 * q_cols, kv_cols), v = qkv.cols_view(2 * q_cols + kv_cols, kv_cols);
-  split_query_gate(query, gate, qkv.cols_view(0, 2 * q_cols), shape.head_dim);
+  const int64_t query_cols = gate.empty() ? q_cols : 2 * q_cols;
+  const Tensor k = qkv.cols_view(query_cols, kv_cols), v = qkv.cols_view(query_cols + kv_cols, kv_cols);
+  if (!gate.empty())
+    split_query_gate(query, gate, qkv.cols_view(0, query_cols), shape.head_dim);
+  else if (query.data != qkv.data)
+    copy(query, qkv.cols_view(0, q_cols));
   rmsnorm(query, query, q_norm, shape.eps, shape.unit_offset);
   rmsnorm(k, k, k_norm, shape.eps, shape.unit_offset);
   rope(query, positions, shape.head_dim, shape.rotary_dim, shape.rope_theta);

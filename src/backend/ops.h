@@ -181,8 +181,10 @@ class Backend {
   // Everything between the q|k|v projection and attention, as split_query_gate, the per-head q and k norms,
   // rope and kv_store would do it: qkv [T, 2 nh hd + 2 nkv hd] = (query, gate) interleaved per head | keys |
   // values. Writes query [T, nh hd] (normed, rotated) and gate [T, nh hd], and at positions[t] the cache rows
-  // k (normed, rotated) and v. The key columns of qkv may be overwritten. The default composes those ops;
-  // a backend may do it in one pass.
+  // k (normed, rotated) and v. The key columns of qkv may be overwritten. With an empty gate, qkv
+  // [T, nh hd + 2 nkv hd] = queries | keys | values (attention without an output gate, as the DFlash
+  // drafter's), and query may be qkv's query columns themselves. The default composes those ops; a backend
+  // may do it in one pass.
   virtual void attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
                                   const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& positions,

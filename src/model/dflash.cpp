@@ -235,11 +235,13 @@ void DFlashModel::draft_step(DFlashState& state) {
   const int B = c.block_size;
   Workspace& ws = *ws_;
   const Tensor h = ws.h->tensor(), normed = ws.normed->tensor(), pos = ws.block_index(1);
-  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
+  const int64_t q_dim = int64_t(c.num_heads) * c.head_dim;
   const Tensor qkv = ws.qkv->tensor(), attn = ws.attn->tensor();
-  const Tensor q = qkv.cols_view(0, q_dim), k = qkv.cols_view(q_dim, kv_dim),
-               v = qkv.cols_view(q_dim + kv_dim, kv_dim);
+  const Tensor q = qkv.cols_view(0, q_dim);
   const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  // No output gate: the queries are normed and rotated in place.
+  const AttentionPrologueShape prologue{c.num_heads,  c.num_kv_heads, c.head_dim, c.head_dim,
+                                        c.rope_theta, c.rms_norm_eps, false};
   backend_.embed(h, target_.embed, ws.block_index(0));
   backend_.rmsnorm(normed, h, weights_.layers.front().input_norm, c.rms_norm_eps, false);
   // Each residual add is fused with the norm that follows it (the next layer's input norm; the final norm
@@ -248,13 +250,9 @@ void DFlashModel::draft_step(DFlashState& state) {
     const DFlashLayer& layer = weights_.layers[i];
     const DFlashState::Layer& cache = state.layers[i];
     stacked_linear(backend_, qkv, normed, layer.qkv_proj);
-    backend_.rmsnorm(q, q, layer.q_norm, c.rms_norm_eps, false);
-    backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, false);
-    backend_.rope(q, pos, c.head_dim, c.head_dim, c.rope_theta);
-    backend_.rope(k, pos, c.head_dim, c.head_dim, c.rope_theta);
     // The block's K/V go after the context (rows start..start+B-1); the next context overwrites them.
-    backend_.kv_store(cache.k_cache->tensor(), k, pos);
-    backend_.kv_store(cache.v_cache->tensor(), v, pos);
+    backend_.attention_prologue(q, Tensor{}, qkv, layer.q_norm, layer.k_norm, cache.k_cache->tensor(),
+                                cache.v_cache->tensor(), pos, prologue);
     backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(), ws.block_index(2),
                                 ws.block_index(3), shape);
     backend_.linear(ws.mixer_out->tensor(), attn, layer.o_proj);

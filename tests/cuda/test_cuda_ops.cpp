@@ -1057,8 +1057,9 @@ TEST(CudaOps, SplitQueryGate) {
 }
 
 // The fused prologue against the CPU's composition of split_query_gate, rmsnorm, rope and kv_store: query
-// and gate, and the whole caches (random rows around the stored ones must stay). Norm then rotation, as
-// rmsnorm and rope are compared: kReductionTolerance.
+// and gate, and the whole caches (random rows around the stored ones must stay); then the gate-less form
+// with the queries in place (the DFlash drafter's). Norm then rotation, as rmsnorm and rope are compared:
+// kReductionTolerance.
 TEST(CudaOps, AttentionPrologue) {
   std::mt19937 rng(41);
   auto& b = backends();
@@ -1101,6 +1102,27 @@ TEST(CudaOps, AttentionPrologue) {
       compare("attention_prologue", label + " gate", gate, kExact);
       compare("attention_prologue", label + " k cache", k_cache, kReductionTolerance);
       compare("attention_prologue", label + " v cache", v_cache, kExact);
+
+      // Without a gate (qkv = queries | keys | values, the DFlash drafter's), the queries normed and rotated
+      // in place: qkv's query columns on each side (its key columns may differ: the CPU's default norms
+      // them in place).
+      TensorPair plain_qkv = b.activation(tokens, q_cols + 2 * kv_cols,
+                                          random_floats(rng, tokens * (q_cols + 2 * kv_cols), -3.0f, 3.0f));
+      b.poison(k_cache);
+      b.poison(v_cache);
+      on_both([&](const Side& s) {
+        s.backend.attention_prologue(s(plain_qkv).cols_view(0, q_cols), Tensor{}, s(plain_qkv), s(q_norm),
+                                     s(k_norm), s(k_cache), s(v_cache), s(pos), shape);
+      });
+      compare_view(
+          "attention_prologue", label + " without a gate, query in place", plain_qkv,
+          [&](const Tensor& t) { return t.cols_view(0, q_cols); }, kReductionTolerance);
+      for (const int32_t p : positions) {
+        const auto row = [p](const Tensor& t) { return t.rows_view(p, 1); };
+        compare_view("attention_prologue", label + " without a gate, k cache row", k_cache, row,
+                     kReductionTolerance);
+        compare_view("attention_prologue", label + " without a gate, v cache row", v_cache, row, kExact);
+      }
     }
   }
 }

@@ -5,7 +5,9 @@
 // row of the token's position; value slots store. The arithmetic is that of the rmsnorm and rope kernels
 // (norm.cu, rope.cu); the kernel replaces 7 launches per attention layer. A position outside the cache skips
 // the stores, as kv_store does. A block per slot (128 threads, two block barriers) took 102 us per layer for
-// 2,048 tokens on the H200, 47% of its bytes' time (session 9's ncu).
+// 2,048 tokens on the H200, 47% of its bytes' time (session 9's ncu). Without a gate (the DFlash drafter's
+// layers) the queries are contiguous and may be normalised in place: a warp loads its head whole before it
+// writes any of it.
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
@@ -19,7 +21,7 @@ constexpr int kMaxWarps = 8;  // head slots per block (prefill)
 struct PrologueArgs {
   float* query;
   int64_t query_stride;
-  float* gate;
+  float* gate;  // null: qkv has no gate columns
   int64_t gate_stride;
   const float* qkv;
   int64_t qkv_stride;
@@ -106,23 +108,24 @@ __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
   const int32_t position = a.positions[t * a.positions_stride];
   const bool stored = position >= 0 && position < a.cache_rows;
   const float* row = a.qkv + t * a.qkv_stride;
+  // A head's query (and its gate after it) every query_span values; the keys after all of them.
+  const int query_span = a.gate != nullptr ? 2 : 1;
   const int64_t q_cols = int64_t(a.num_heads) * hd, kv_cols = int64_t(a.num_kv_heads) * hd;
+  const float* const keys = row + query_span * q_cols;
   if (slot < a.num_heads) {
-    const float* pair = row + int64_t(slot) * 2 * hd;
-    float* gate = a.gate + t * a.gate_stride + int64_t(slot) * hd;
-    copy_head(gate, pair + hd, hd, lane);
-    norm_and_rotate(a.query + t * a.query_stride + int64_t(slot) * hd, pair, q_norm, heads[warp], lane, a,
+    const float* query = row + int64_t(slot) * query_span * hd;
+    if (a.gate != nullptr) copy_head(a.gate + t * a.gate_stride + int64_t(slot) * hd, query + hd, hd, lane);
+    norm_and_rotate(a.query + t * a.query_stride + int64_t(slot) * hd, query, q_norm, heads[warp], lane, a,
                     static_cast<float>(position), frequencies);
   } else if (slot < a.num_heads + a.num_kv_heads) {
     const int kv_head = slot - a.num_heads;
     if (!stored) return;  // the whole warp leaves
-    norm_and_rotate(a.k_cache + position * a.k_stride + int64_t(kv_head) * hd,
-                    row + 2 * q_cols + int64_t(kv_head) * hd, k_norm, heads[warp], lane, a,
-                    static_cast<float>(position), frequencies);
+    norm_and_rotate(a.k_cache + position * a.k_stride + int64_t(kv_head) * hd, keys + int64_t(kv_head) * hd,
+                    k_norm, heads[warp], lane, a, static_cast<float>(position), frequencies);
   } else if (slot < a.num_heads + 2 * a.num_kv_heads) {
     const int kv_head = slot - a.num_heads - a.num_kv_heads;
     if (!stored) return;
-    const float* v = row + 2 * q_cols + kv_cols + int64_t(kv_head) * hd;
+    const float* v = keys + kv_cols + int64_t(kv_head) * hd;
     float* dst = a.v_cache + position * a.v_stride + int64_t(kv_head) * hd;
     copy_head(dst, v, hd, lane);
   }
@@ -138,7 +141,7 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
   if (qkv.rows == 0) return cudaSuccess;
   const PrologueArgs args{query.ptr<float>(),
                           query.stride,
-                          gate.ptr<float>(),
+                          gate.empty() ? nullptr : gate.ptr<float>(),
                           gate.stride,
                           qkv.ptr<const float>(),
                           qkv.stride,
