@@ -263,6 +263,12 @@ TEST(CpuAttentionPrologue, WithoutGateInPlaceOrNot) {
         expected[static_cast<size_t>(r * q_cols + c)] = q.row<float>(r)[c];
       }
     EXPECT_EQ(got, expected) << (in_place ? "in place" : "own query tensor");
+    if (!in_place) {  // qkv's query columns stay as they were
+      for (int64_t r = 0; r < tokens; ++r)
+        for (int64_t c = 0; c < q_cols; ++c) {
+          ASSERT_EQ(qkv.get(r, c), base.get(r, c)) << r << ", " << c;
+        }
+    }
     EXPECT_EQ(cpu_test::relative_max_error(k_cache, cpu_test::reference_of(k_want)), 0.0);
     EXPECT_EQ(cpu_test::relative_max_error(v_cache, cpu_test::reference_of(v_want)), 0.0);
   }

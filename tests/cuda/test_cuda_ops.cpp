@@ -523,9 +523,9 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
 // rows must equal the decode steps' exactly, although one row goes through the one-row kernel and 16 through
 // the many-row one (the same split of K and the same sums in both). 16 rows at once vs each row alone: W4A16
 // g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) with K 2624 (a partial last
-// chunk) at g32, g64 (per-block scales) and g128 (a partial last group), K 4096 and 3072 (16 and 24 splits:
-// clusters of 16 and 12 parts), and BF16 (K 9216 and 2624), with x rows 16-byte aligned and not (a view one
-// column in).
+// chunk) at g32, g64 (per-block scales) and g128 (a partial last group), K 4096 and 3072 (16 and 12 splits:
+// clusters of 16 and 12 parts at one split a part), and BF16 (K 9216 and 2624), with x rows 16-byte aligned
+// and not (a view one column in).
 TEST(CudaOps, LinearRowsIndependentOfBatch) {
   std::mt19937 rng(61);
   auto& b = backends();
@@ -1103,25 +1103,42 @@ TEST(CudaOps, AttentionPrologue) {
       compare("attention_prologue", label + " k cache", k_cache, kReductionTolerance);
       compare("attention_prologue", label + " v cache", v_cache, kExact);
 
-      // Without a gate (qkv = queries | keys | values, the DFlash drafter's), the queries normed and rotated
-      // in place: qkv's query columns on each side (its key columns may differ: the CPU's default norms
-      // them in place).
-      TensorPair plain_qkv = b.activation(tokens, q_cols + 2 * kv_cols,
-                                          random_floats(rng, tokens * (q_cols + 2 * kv_cols), -3.0f, 3.0f));
-      b.poison(k_cache);
-      b.poison(v_cache);
-      on_both([&](const Side& s) {
-        s.backend.attention_prologue(s(plain_qkv).cols_view(0, q_cols), Tensor{}, s(plain_qkv), s(q_norm),
-                                     s(k_norm), s(k_cache), s(v_cache), s(pos), shape);
-      });
-      compare_view(
-          "attention_prologue", label + " without a gate, query in place", plain_qkv,
-          [&](const Tensor& t) { return t.cols_view(0, q_cols); }, kReductionTolerance);
-      for (const int32_t p : positions) {
-        const auto row = [p](const Tensor& t) { return t.rows_view(p, 1); };
-        compare_view("attention_prologue", label + " without a gate, k cache row", k_cache, row,
-                     kReductionTolerance);
-        compare_view("attention_prologue", label + " without a gate, v cache row", v_cache, row, kExact);
+      // Without a gate (qkv = queries | keys | values, the DFlash drafter's): the queries normed and rotated
+      // in place (qkv's query columns on each side; its key columns may differ: the CPU's default norms them
+      // in place) and into a tensor of their own (qkv's query columns then stay), with the whole caches.
+      const int64_t plain_width = q_cols + 2 * kv_cols;
+      const std::vector<float> plain_values = random_floats(rng, tokens * plain_width, -3.0f, 3.0f);
+      for (const bool in_place : {true, false}) {
+        TensorPair plain_qkv = b.activation(tokens, plain_width, plain_values);
+        TensorPair plain_k =
+            b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+        TensorPair plain_v =
+            b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+        TensorPair own_query = b.poisoned(tokens, q_cols);
+        on_both([&](const Side& s) {
+          const Tensor q = in_place ? s(plain_qkv).cols_view(0, q_cols) : s(own_query);
+          s.backend.attention_prologue(q, Tensor{}, s(plain_qkv), s(q_norm), s(k_norm), s(plain_k),
+                                       s(plain_v), s(pos), shape);
+        });
+        const std::string form = in_place ? " without a gate, in place" : " without a gate, own query";
+        const auto query_columns = [&](const Tensor& t) { return t.cols_view(0, q_cols); };
+        if (in_place) {
+          compare_view("attention_prologue", label + form + " query", plain_qkv, query_columns,
+                       kReductionTolerance);
+        } else {
+          compare("attention_prologue", label + form + " query", own_query, kReductionTolerance);
+          std::vector<float> untouched;
+          for (int64_t r = 0; r < tokens; ++r)
+            untouched.insert(untouched.end(), plain_values.begin() + r * plain_width,
+                             plain_values.begin() + r * plain_width + q_cols);
+          const Tensor gpu_queries = query_columns(plain_qkv.gpu());
+          TensorPair copy = b.poisoned(tokens, q_cols);
+          b.gpu().copy(copy.gpu(), gpu_queries);
+          expect_close("attention_prologue", label + form + ": qkv's query columns untouched",
+                       b.read_gpu(copy.gpu()), untouched, kExact);
+        }
+        compare("attention_prologue", label + form + " k cache", plain_k, kReductionTolerance);
+        compare("attention_prologue", label + form + " v cache", plain_v, kExact);
       }
     }
   }
