@@ -1361,13 +1361,6 @@ cudaError_t max_row_cluster_blocks(size_t shared, int& blocks) {
   return cudaOccupancyMaxPotentialClusterSize(&blocks, kernel, &config);
 }
 
-template <typename Weights, bool kWholeChunks>
-cudaError_t launch_row_kernel(dim3 grid, size_t shared, unsigned cluster, cudaStream_t stream,
-                              const RowArgs& args, const Weights& weights) {
-  return launch_kernel_in_clusters(linear_row_kernel<Weights, kWholeChunks>, grid, kThreads, shared, cluster,
-                                   stream, args, weights);
-}
-
 template <typename Weights>
 cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int64_t out_features,
                        int64_t in_features, const Weights& weights, const LinearMmaWorkspace& workspace,
@@ -1443,7 +1436,8 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
                    : x_stage_bytes<Weights::kX>(std::min(split.chunks, spanned * chunks_per_part)));
   const auto cluster = static_cast<unsigned>(cluster_sums ? parts : 1);
   status = with_kernel([&](auto whole) {
-    return launch_row_kernel<Weights, decltype(whole)::value>(grid, shared, cluster, stream, args, weights);
+    return launch_kernel_in_clusters(linear_row_kernel<Weights, decltype(whole)::value>, grid, kThreads,
+                                     shared, cluster, stream, args, weights);
   });
   if (status != cudaSuccess || parts == 1 || cluster_sums) return status;
   return launch_split_sums({args.out, 0, args.partials, 1, out_features, args.splits}, stream);
