@@ -316,7 +316,7 @@ TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
     for (int64_t i = 0; i < kLayers; ++i)
       layers.push_back({commit_conv_states[i].view(), conv_inputs[i].view(), commit_states[i].view(),
                         problems[i].qkv.view(), problems[i].beta.view(), problems[i].g.view()});
-    backend->gdn_commit(layers, kGroupedShape);
+    backend->gdn_commit(layers, kGroupedShape, Tensor{});
     for (int64_t i = 0; i < kLayers; ++i) {
       const GdnProblem& p = problems[i];
       TestTensor conv_out(DType::F32, tokens, p.qkv.cols()), out(DType::F32, tokens, p.out_cols());
@@ -336,6 +336,66 @@ TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
   }
 }
 
+// A count of rows in a tensor (as the model's recorded replays take it) accepts that prefix of the layer's
+// rows: the states equal those of a commit given only those rows, bit for bit, at every count 0..T. A count
+// outside [0, T] or a count tensor of another shape is refused before any state changes.
+TEST(CpuGdnCommit, RowCountAcceptsAPrefix) {
+  std::mt19937 rng(36);
+  auto backend = make_cpu_backend();
+  constexpr int64_t kTokens = 5;
+  const GdnProblem p(rng, kGroupedShape, kTokens);
+  const int64_t channels = p.qkv.cols();
+  const TestTensor conv_input = cpu_test::random_tensor(rng, DType::F32, kTokens, channels, -1, 1);
+  const TestTensor conv_state = cpu_test::random_tensor(rng, DType::F32, channels, 3, -1, 1);
+  auto layer_of = [&](const TestTensor& c, const TestTensor& s, int64_t rows) {
+    return GdnCommitLayer{c.view(),
+                          conv_input.view().rows_view(0, rows),
+                          s.view(),
+                          p.qkv.view().rows_view(0, rows),
+                          p.beta.view().rows_view(0, rows),
+                          p.g.view().rows_view(0, rows)};
+  };
+  auto copy_of = [&](const TestTensor& t) {
+    TestTensor copy(DType::F32, t.rows(), t.cols());
+    backend->copy(copy.view(), t.view());
+    return copy;
+  };
+  TestTensor count(DType::I32, 1, 1);
+  for (int rows = 0; rows <= kTokens; ++rows) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows);
+    TestTensor counted_conv = copy_of(conv_state), counted = p.state_copy();
+    TestTensor prefix_conv = copy_of(conv_state), prefix = p.state_copy();
+    count.set(0, 0, rows);
+    const GdnCommitLayer counted_layer = layer_of(counted_conv, counted, kTokens);
+    const GdnCommitLayer prefix_layer = layer_of(prefix_conv, prefix, rows);
+    backend->gdn_commit({&counted_layer, 1}, kGroupedShape, count.view());
+    backend->gdn_commit({&prefix_layer, 1}, kGroupedShape, Tensor{});
+    EXPECT_EQ(cpu_test::relative_max_error(counted_conv, cpu_test::reference_of(prefix_conv)), 0.0);
+    EXPECT_EQ(cpu_test::relative_max_error(counted, cpu_test::reference_of(prefix)), 0.0);
+    if (rows > 0) {
+      EXPECT_GT(cpu_test::relative_max_error(counted, cpu_test::reference_of(p.state_copy())), 0.0);
+    }
+  }
+  TestTensor conv = copy_of(conv_state), state = p.state_copy();
+  const GdnCommitLayer layer = layer_of(conv, state, kTokens);
+  for (int bad : {-1, int{kTokens} + 1}) {
+    count.set(0, 0, bad);
+    cpu_test::expect_error(
+        [&] {
+          backend->gdn_commit({&layer, 1}, kGroupedShape, count.view());
+        },
+        {"gdn_commit", fmt::format("rows[0] is {}", bad), "expected 0 to 5"});
+  }
+  EXPECT_EQ(cpu_test::relative_max_error(state, cpu_test::reference_of(p.state_copy())), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(conv, cpu_test::reference_of(conv_state)), 0.0);
+  const TestTensor two_counts(DType::I32, 2, 1);
+  cpu_test::expect_error(
+      [&] {
+        backend->gdn_commit({&layer, 1}, kGroupedShape, two_counts.view());
+      },
+      {"gdn_commit", "rows", "[2, 1]", "[1, 1]"});
+}
+
 // A layer whose inputs have another T than the first layer's is refused, naming the layer.
 TEST(CpuGdnCommit, RefusesLayersOfDifferentLengths) {
   std::mt19937 rng(35);
@@ -347,7 +407,7 @@ TEST(CpuGdnCommit, RefusesLayersOfDifferentLengths) {
                                                first.qkv.view(), first.beta.view(), first.g.view()},
                                               {conv_state.view(), second.qkv.view(), state_b.view(),
                                                second.qkv.view(), second.beta.view(), second.g.view()}};
-  cpu_test::expect_error([&] { backend->gdn_commit(layers, kGroupedShape); },
+  cpu_test::expect_error([&] { backend->gdn_commit(layers, kGroupedShape, Tensor{}); },
                          {"gdn_commit", "layers[1].conv_input", "[2, 192]", "[3, 192]"});
 }
 

@@ -402,9 +402,11 @@ void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tenso
     if (projection.out.overlaps(*tensor)) fail("gdn_mixer_linear: projection.out overlaps {}", name);
 }
 
-void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape) {
+void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape,
+                           const Tensor& rows) {
   constexpr std::string_view op = "gdn_commit";
   check_gdn_shape(shape);
+  if (!rows.empty()) require_indices(op, "rows", rows, 1);
   const auto& [nk, nv, dk, dv] = shape;
   const int64_t tokens = layers.empty() ? 0 : layers.front().qkv.rows;
   for (size_t i = 0; i < layers.size(); ++i) {

@@ -169,6 +169,7 @@ std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) {
     }
     state->layers.push_back(std::move(s));
   }
+  state->accepted_rows_on_device = backend_.alloc(DType::I32, 1, 1);
   reset(*state);
   return state;
 }
@@ -180,6 +181,7 @@ void Qwen35Model::reset(Qwen35State& state) const {
   }
   state.n_past = 0;
   state.pending_rows = 0;
+  state.accepted_rows = 0;
 }
 
 bool Qwen35Model::ensure_pending(Qwen35State& state, int rows) {
@@ -305,6 +307,8 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
       fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
 
   const int64_t logit_rows = !options.logits ? 0 : options.all_logits ? T : 1;
+  // The accepted rows' replay reads the pending buffers, which a longer verify step reallocates.
+  if (!options.advance && T > state.pending_capacity) settle(state);
   bool reallocated = ensure_workspace(T, logit_rows, options.hidden_layers.size());
   if (!options.advance) reallocated = ensure_pending(state, int(T)) || reallocated;
   if (reallocated) graphs_.clear();
@@ -315,9 +319,11 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   backend_.write(first_rows(ws.ids, T), tokens.data());
   backend_.write(first_rows(ws.positions, T), positions.data());
 
-  graphs_.run(
-      {state.id, options.advance ? Step::Forward : Step::Verify, T, logit_rows, options.hidden_layers},
-      [&] { run_step(state, T, logit_rows, options.hidden_layers, options.advance); });
+  const bool replay = state.accepted_rows > 0;
+  graphs_.run({state.id, options.advance ? Step::Forward : Step::Verify, T, logit_rows, options.hidden_layers,
+               replay},
+              [&] { run_step(state, T, logit_rows, options.hidden_layers, options.advance, replay); });
+  state.accepted_rows = 0;
   if (options.advance) {
     state.n_past += int(T);
     state.pending_rows = 0;
@@ -335,29 +341,49 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
 void Qwen35Model::commit(Qwen35State& state, int rows) {
   if (rows < 0 || rows > state.pending_rows)
     fail("commit: {} rows, but the pending verify step has {}", rows, state.pending_rows);
-  if (rows > 0) {
-    graphs_.run(GraphKey{state.id, Step::Commit, rows, 0, {}}, [&] {
-      // Only the states advance (the outputs are the verify step's again), every layer in one op.
-      std::vector<GdnCommitLayer> layers;
-      for (size_t i = 0; i < weights_.layers.size(); ++i) {
-        if (weights_.layers[i].type != LayerType::LinearAttention) continue;
-        Qwen35State::Layer& s = state.layers[i];
-        layers.push_back({s.conv_state->tensor(),
-                          first_rows(s.pending_conv_in, rows).cols_view(0, config_.conv_dim()),
-                          s.recurrent_state->tensor(), first_rows(s.pending_qkv, rows),
-                          first_rows(s.pending_beta, rows), first_rows(s.pending_g, rows)});
-      }
-      backend_.gdn_commit(layers, gdn_shape(config_));
-    });
-  }
+  if (rows > 0) backend_.write(state.accepted_rows_on_device->tensor(), &rows);
+  state.accepted_rows = rows;
   state.n_past += rows;
   state.pending_rows = 0;
 }
 
+GdnCommitLayer Qwen35Model::accepted_replay(Qwen35State::Layer& s) const {
+  // Every pending row is an operand; the op takes the accepted count from the device.
+  return {s.conv_state->tensor(),      s.pending_conv_in->tensor().cols_view(0, config_.conv_dim()),
+          s.recurrent_state->tensor(), s.pending_qkv->tensor(),
+          s.pending_beta->tensor(),    s.pending_g->tensor()};
+}
+
+void Qwen35Model::settle(Qwen35State& state) {
+  if (state.accepted_rows == 0) return;
+  // Only the states advance (the outputs are the verify step's again), every layer in one op.
+  graphs_.run(GraphKey{state.id, Step::Commit, state.pending_capacity, 0, {}, true}, [&] {
+    std::vector<GdnCommitLayer> layers;
+    for (size_t i = 0; i < weights_.layers.size(); ++i)
+      if (weights_.layers[i].type == LayerType::LinearAttention)
+        layers.push_back(accepted_replay(state.layers[i]));
+    backend_.gdn_commit(layers, gdn_shape(config_), state.accepted_rows_on_device->tensor());
+  });
+  state.accepted_rows = 0;
+}
+
 void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
-                           const std::vector<int>& hidden_layers, bool advance) {
+                           const std::vector<int>& hidden_layers, bool advance, bool replay_accepted) {
   const Qwen35Config& c = config_;
   Workspace& ws = *ws_;
+  // commit's replay, a GDN layer an op on the side: layer i waits only for its own (replayed[i], the side
+  // mark after it), which is done long before the main ops reach it but for the first layer's.
+  std::vector<int> replayed(size_t(c.num_layers), -1);
+  if (replay_accepted) {
+    backend_.begin_side_work();
+    for (size_t i = 0; i < weights_.layers.size(); ++i) {
+      if (weights_.layers[i].type != LayerType::LinearAttention) continue;
+      const GdnCommitLayer layer = accepted_replay(state.layers[i]);
+      backend_.gdn_commit({&layer, 1}, gdn_shape(c), state.accepted_rows_on_device->tensor());
+      replayed[i] = backend_.side_mark();
+    }
+    backend_.end_side_work();
+  }
   Tensor x = first_rows(ws.x, T);
   Tensor normed = first_rows(ws.normed, T);
   Tensor mixer_out = first_rows(ws.mixer_out, T);
@@ -368,6 +394,7 @@ void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
   Tensor delta;  // nothing to add before the first layer
   for (int i = 0; i < c.num_layers; ++i) {
     const Qwen35Layer& layer = weights_.layers[size_t(i)];
+    if (replayed[size_t(i)] >= 0) backend_.wait_for_side(replayed[size_t(i)]);
     if (layer.type == LayerType::LinearAttention)
       gated_delta_net(layer, state.layers[size_t(i)], {x, delta, normed}, mixer_out, advance);
     else

@@ -302,7 +302,7 @@ int run(const char* out_path) {
       std::vector<GdnCommitLayer> layers;
       for (const Tensor& state : states)
         layers.push_back({bench.activation(kQkvCols, kConvHistory, -1, 1), qkv, state, qkv, beta, g});
-      const double seconds = bench.time([&] { backend->gdn_commit(layers, shape); });
+      const double seconds = bench.time([&] { backend->gdn_commit(layers, shape, Tensor{}); });
       const double bytes = kLayers * (2.0 * kHeads * kDim * kDim * 4 + 2.0 * kQkvCols * kConvHistory * 4 +
                                       4.0 * static_cast<double>(tokens * (2 * kQkvCols + 2 * kHeads)));
       results.push_back(

@@ -1744,7 +1744,7 @@ TEST(CudaOps, GdnCommit) {
         for (int i = 0; i < c.layers; ++i)
           layers.push_back({s(conv_states[i]), s(conv_inputs[i]).cols_view(0, inputs[i].qkv_cols()),
                             s(states[i]), s(inputs[i].qkv), s(inputs[i].beta), s(inputs[i].g)});
-        s.backend.gdn_commit(layers, c.shape);
+        s.backend.gdn_commit(layers, c.shape, Tensor{});
       });
       for (int i = 0; i < c.layers; ++i) {
         const GdnCase& in = inputs[i];
@@ -1949,7 +1949,7 @@ TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
     const GdnCommitLayer layer{conv_state.gpu(),      accepted(in.qkvz).cols_view(0, in.channels()),
                                state.gpu(),           accepted(verify.conv_out),
                                accepted(verify.beta), accepted(verify.g)};
-    b.gpu().gdn_commit({&layer, 1}, c.shape);
+    b.gpu().gdn_commit({&layer, 1}, c.shape, Tensor{});
     const std::string commit = in.label() + " verify + commit of 7 rows: ";
     expect_close("gdn_mixer", commit + "conv state equals 7 decode steps'", b.read_gpu(conv_state.gpu()),
                  accepted_conv, kExact);

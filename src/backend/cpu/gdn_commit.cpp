@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gated_delta_rule.h"
 #include "backend/op_checks.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 
 namespace qspec::cpu {
@@ -27,11 +28,17 @@ void advance_conv_state(const Tensor& state, const Tensor& x) {
 
 }  // namespace
 
-void CpuBackend::gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape) {
-  check_gdn_commit_args(layers, shape);
+void CpuBackend::gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape,
+                            const Tensor& rows) {
+  check_gdn_commit_args(layers, shape, rows);
+  const int64_t tokens = layers.empty() ? 0 : layers.front().qkv.rows;
+  const int64_t accepted = rows.empty() ? tokens : rows.ptr<const int32_t>()[0];
+  if (accepted < 0 || accepted > tokens)
+    fail("gdn_commit: rows[0] is {}, expected 0 to {} (the layers' rows)", accepted, tokens);
   for (const GdnCommitLayer& layer : layers) {
-    advance_conv_state(layer.conv_state, layer.conv_input);
-    advance_gated_delta_rule_state(layer.qkv, layer.beta, layer.g, layer.recurrent_state, shape);
+    advance_conv_state(layer.conv_state, layer.conv_input.rows_view(0, accepted));
+    advance_gated_delta_rule_state(layer.qkv.rows_view(0, accepted), layer.beta.rows_view(0, accepted),
+                                   layer.g.rows_view(0, accepted), layer.recurrent_state, shape);
   }
 }
 

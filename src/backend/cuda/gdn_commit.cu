@@ -4,7 +4,8 @@
 // per-token arithmetic as gated_delta_rule, so the state is that op's bit for bit), the rest shift its conv
 // state, a thread per channel. Prediction (H200, Qwen3.5-4B, 24 layers, 16 rows): 48 MiB of state read +
 // written ~23 us at 4.16 TB/s, ~15 us of FP32 work and ~6 us of shuffles spread over 4 blocks per SM (3,072
-// recurrence blocks): ~25-35 us in all, against 0.62 ms for the 48 launches.
+// recurrence blocks): ~25-35 us in all, against 0.62 ms for the 48 launches. With a count of rows on the
+// device, every block reads it first (clamped to the layers' rows): a recorded commit takes any count.
 #include <cmath>
 
 #include "backend/cuda/gdn_recurrence.cuh"
@@ -36,10 +37,13 @@ struct CommitBatch {
 
 template <int kRows>
 __global__ void __launch_bounds__(gdn::kThreads)
-    gdn_commit_kernel(CommitBatch batch, gdn::Dims dims, int recurrence_blocks, int slabs) {
+    gdn_commit_kernel(CommitBatch batch, gdn::Dims dims, int recurrence_blocks, int slabs,
+                      const int32_t* accepted_rows) {
   wait_for_previous_kernel();
   allow_next_kernel();
-  const CommitLayerArgs layer = batch.layers[blockIdx.y];  // the fields used, read from the parameters
+  CommitLayerArgs layer = batch.layers[blockIdx.y];  // the fields used, read from the parameters
+  if (accepted_rows != nullptr)
+    layer.recurrence.tokens = min(max(int64_t{*accepted_rows}, int64_t{0}), layer.recurrence.tokens);
   const int block = static_cast<int>(blockIdx.x);
   if (block < recurrence_blocks) {
     if (layer.recurrence_here)
@@ -67,8 +71,8 @@ __global__ void __launch_bounds__(gdn::kThreads)
 
 }  // namespace
 
-cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int num_key_heads,
-                              int num_value_heads, int key_head_dim, int value_head_dim,
+cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
+                              int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream) {
   if (count == 0 || layers[0].qkv.rows == 0) return cudaSuccess;
   const gdn::Dims dims{num_key_heads, num_value_heads, key_head_dim, value_head_dim,
@@ -97,6 +101,7 @@ cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int nu
                          layer.conv_state.rows,
                          static_cast<int>(layer.conv_state.cols)};
       if (!fits) {
+        if (accepted_rows != nullptr) return cudaErrorNotSupported;  // that kernel takes host counts only
         const cudaError_t status =
             launch_gated_delta_rule_recurrent(Tensor{}, layer.qkv, layer.beta, layer.g, state, num_key_heads,
                                               num_value_heads, key_head_dim, value_head_dim, true, stream);
@@ -110,7 +115,7 @@ cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int nu
     if (grid.x == 0) continue;
     const auto launch = [&](auto rows) {
       return launch_kernel(gdn_commit_kernel<decltype(rows)::value>, grid, gdn::kThreads, 0, stream, batch,
-                           dims, recurrence_blocks, slabs);
+                           dims, recurrence_blocks, slabs, accepted_rows);
     };
     const cudaError_t status = any_recurrence ? gdn::with_rows_per_lane(key_head_dim, launch)
                                               : launch(std::integral_constant<int, 1>{});

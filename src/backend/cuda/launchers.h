@@ -191,10 +191,11 @@ cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWei
                              const GdnShape& shape, float eps, bool update_state, cudaStream_t stream);
 
 // gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers); a layer whose state
-// gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel. Conv kernel sizes <=
-// kMaxConvKernel.
-cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, int num_key_heads,
-                              int num_value_heads, int key_head_dim, int value_head_dim, cudaStream_t stream);
+// gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel (only without accepted_rows: the
+// first *accepted_rows rows, clamped, or all when null). Conv kernel sizes <= kMaxConvKernel.
+cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
+                              int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
+                              cudaStream_t stream);
 // gated_delta_rule_chunked.cu: chunks of 64 tokens (WY form) on tensor cores (split BF16 up to
 // kGdnChunkedSplitMaxTokens tokens, BF16 beyond), head dims <= 128;
 // `workspace` holds gated_delta_rule_chunked_workspace_bytes(...).
