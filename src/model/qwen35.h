@@ -108,8 +108,9 @@ class Qwen35Model {
   // Accepts the first `rows` tokens of the pending verify step (forward with advance = false) and advances
   // n_past by `rows`; the rest of the verify step is dropped. The GDN layers' conv and recurrent states are
   // replayed over those rows from the untouched pre-verify state, with the same per-token arithmetic as a
-  // plain step, but lazily: the next forward replays layer i beside its layers before i (a second stream on
-  // CUDA, so the replay costs the step almost nothing), or settle() replays every layer at once.
+  // plain step, but lazily: the next forward replays the first GDN layer first and the others beside its
+  // first layers (a second stream on CUDA, so the replay costs the step little), or settle() replays every
+  // layer at once.
   void commit(Qwen35State& state, int rows);
   // Runs the replay that commit left to the next forward (nothing if none): the states then hold the
   // accepted rows, for whoever reads them directly.

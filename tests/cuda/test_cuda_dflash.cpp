@@ -184,10 +184,10 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
   }
 }
 
-// commit's replay run by the next step (on the side stream, layer i waited for before layer i) gives what a
-// replay settled at once gives, bit for bit: every verify step's logits after commits of 1..16 rows, twice
-// over (the second pass replays recorded step graphs, the replay's count read on the device), and the states
-// once settled.
+// commit's replay run by the next step (the first GDN layer's first, the others' on the side stream) gives
+// what a replay settled at once gives, bit for bit: every verify step's logits after commits of 1..16 rows,
+// twice over (the second pass replays recorded step graphs, the replay's count read on the device), and the
+// states once settled.
 TEST(CudaDFlash, NextStepReplaysTheCommit) {
   for (const fs::path& dir : fixture_dirs("qwen35", "config.json")) {
     LoadedModel gpu = LoadedModel::open(dir.string(), "cuda");

@@ -1704,6 +1704,55 @@ TEST(CudaOps, GatedDeltaRuleTokensIndependentOfCall) {
   }
 }
 
+// gdn_commit with the count of accepted rows on the device (as the model's recorded replays take it), over
+// 16 pending rows of the 4B shape: counts 0, 1, 7 and 16 equal the CUDA commit of only those rows bit for bit
+// and the CPU commit with the same count (conv exact, recurrent kRecurrentGdnTolerance); counts outside [0, 16]
+// are clamped (-3 -> 0, 20 -> 16), where the CPU would refuse them.
+TEST(CudaOps, GdnCommitRowsOnDevice) {
+  std::mt19937 rng(19);
+  auto& b = backends();
+  constexpr int64_t kKernel = 4, kPending = 16;
+  const GdnShape shape{16, 32, 128, 128};
+  const GdnCase in(rng, shape, kPending);
+  const int64_t channels = in.qkv_cols();
+  const TensorPair conv_input =
+      b.activation(kPending, channels + 3, random_floats(rng, kPending * (channels + 3), -1.0f, 1.0f));
+  const std::vector<float> history = random_floats(rng, channels * (kKernel - 1), -1.0f, 1.0f);
+  for (int count : {0, 1, 7, 16, -3, 20}) {
+    const int64_t accepted = std::clamp<int64_t>(count, 0, kPending);
+    const std::string label = fmt::format("gdn_commit of {} pending rows, count {} on the device", kPending,
+                                          count);
+    const TensorPair conv_state = b.activation(channels, kKernel - 1, history);
+    const TensorPair prefix_conv_state = b.activation(channels, kKernel - 1, history);
+    const TensorPair state = in.fresh_state(), prefix_state = in.fresh_state();
+    const TensorPair rows = b.indices({count});
+    auto layer_of = [&](const TensorPair& conv, const TensorPair& recurrent, int64_t n, bool gpu) {
+      auto side = [gpu](const TensorPair& t) { return gpu ? t.gpu() : t.cpu(); };
+      return GdnCommitLayer{side(conv),
+                            side(conv_input).cols_view(0, channels).rows_view(0, n),
+                            side(recurrent),
+                            side(in.qkv).rows_view(0, n),
+                            side(in.beta).rows_view(0, n),
+                            side(in.g).rows_view(0, n)};
+    };
+    const GdnCommitLayer counted = layer_of(conv_state, state, kPending, true);
+    b.gpu().gdn_commit({&counted, 1}, shape, rows.gpu());
+    const GdnCommitLayer prefix = layer_of(prefix_conv_state, prefix_state, accepted, true);
+    b.gpu().gdn_commit({&prefix, 1}, shape, Tensor{});
+    expect_close("gdn_commit", label + ": conv state vs the prefix's", b.read_gpu(conv_state.gpu()),
+                 b.read_gpu(prefix_conv_state.gpu()), kExact);
+    expect_close("gdn_commit", label + ": recurrent state vs the prefix's", b.read_gpu(state.gpu()),
+                 b.read_gpu(prefix_state.gpu()), kExact);
+    if (accepted > 0)
+      EXPECT_NE(b.read_gpu(state.gpu()), b.read_gpu(in.fresh_state().gpu())) << label << ": nothing replayed";
+    const TensorPair cpu_rows = b.indices({static_cast<int32_t>(accepted)});
+    const GdnCommitLayer cpu_layer = layer_of(conv_state, state, kPending, false);
+    b.cpu().gdn_commit({&cpu_layer, 1}, shape, cpu_rows.cpu());
+    compare("gdn_commit", label + ": conv state vs CPU", conv_state, kExact);
+    compare("gdn_commit", label + ": recurrent state vs CPU", state, kRecurrentGdnTolerance);
+  }
+}
+
 // gdn_commit (the states of many layers in one launch, no outputs) against the CPU op, and against the CUDA
 // conv1d_silu + gated_delta_rule with update_state, which it must equal bit for bit (a commit replays what
 // plain decode would have computed). Strided conv inputs as in the model; 26 layers of a small shape take
