@@ -136,16 +136,6 @@ class Backend {
   // unrecorded run): step graphs recorded before then hold freed memory and must be recorded again.
   virtual uint64_t workspace_generation() const { return 0; }
 
-  // ---- side work: ops that may run beside the ops issued after them (CUDA: on a second stream)
-  // The ops issued between begin_side_work() and end_side_work() start where the main ops are and run on the
-  // side; side_mark() names the side ops issued so far, and wait_for_side(mark) makes the main ops issued
-  // after it wait for those. A step must wait for its last mark before it ends (a recording joins its
-  // streams). Backends that run ops in the order they are issued (CPU) do nothing here.
-  virtual void begin_side_work() {}
-  virtual int side_mark() { return 0; }
-  virtual void end_side_work() {}
-  virtual void wait_for_side(int mark) { static_cast<void>(mark); }
-
   // ---- ops
   // out[t] = table[ids[t]] ; ids I32 [T, 1], table [V, H] (any weight dtype)
   virtual void embed(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
@@ -230,8 +220,8 @@ class Backend {
   // CUDA): each conv state advances as conv1d_silu with update_state would, each recurrent state as
   // gated_delta_rule with update_state would (bit for bit where that op runs its per-token recurrence: T up
   // to a verify block); no outputs. All layers have the same T and shape. `rows` (I32 [1, 1], or empty for
-  // all T) accepts only the first rows[0] of the T rows, read when the op runs, so that a recorded step
-  // replays with any count: CPU refuses a count outside [0, T], CUDA takes it clamped to that range.
+  // all T) accepts only the first rows[0] of the T rows, read when the op runs, so that one recorded commit
+  // takes any count: CPU refuses a count outside [0, T], CUDA takes it clamped to that range.
   virtual void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape,
                           const Tensor& rows) = 0;
   // A GDN layer's mixer, between its input and output projections: conv1d_silu of qkvz's first C columns into

@@ -173,7 +173,6 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
     add_context(out, rows);
     bonus = verdict.next;
   }
-  target.settle(state);  // the state holds every consumed token, as after plain generation
   result.decode_seconds = seconds_since(start);
   return result;
 }

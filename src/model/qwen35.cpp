@@ -169,7 +169,7 @@ std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) {
     }
     state->layers.push_back(std::move(s));
   }
-  state->accepted_rows_on_device = backend_.alloc(DType::I32, 1, 1);
+  state->commit_rows = backend_.alloc(DType::I32, 1, 1);
   reset(*state);
   return state;
 }
@@ -181,7 +181,6 @@ void Qwen35Model::reset(Qwen35State& state) const {
   }
   state.n_past = 0;
   state.pending_rows = 0;
-  state.accepted_rows = 0;
 }
 
 bool Qwen35Model::ensure_pending(Qwen35State& state, int rows) {
@@ -307,8 +306,6 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
       fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
 
   const int64_t logit_rows = !options.logits ? 0 : options.all_logits ? T : 1;
-  // The accepted rows' replay reads the pending buffers, which a longer verify step reallocates.
-  if (!options.advance && T > state.pending_capacity) settle(state);
   bool reallocated = ensure_workspace(T, logit_rows, options.hidden_layers.size());
   if (!options.advance) reallocated = ensure_pending(state, int(T)) || reallocated;
   if (reallocated) graphs_.clear();
@@ -319,11 +316,9 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   backend_.write(first_rows(ws.ids, T), tokens.data());
   backend_.write(first_rows(ws.positions, T), positions.data());
 
-  const bool replay = state.accepted_rows > 0;
-  graphs_.run({state.id, options.advance ? Step::Forward : Step::Verify, T, logit_rows, options.hidden_layers,
-               replay},
-              [&] { run_step(state, T, logit_rows, options.hidden_layers, options.advance, replay); });
-  state.accepted_rows = 0;
+  graphs_.run(
+      {state.id, options.advance ? Step::Forward : Step::Verify, T, logit_rows, options.hidden_layers},
+      [&] { run_step(state, T, logit_rows, options.hidden_layers, options.advance); });
   if (options.advance) {
     state.n_past += int(T);
     state.pending_rows = 0;
@@ -341,57 +336,32 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
 void Qwen35Model::commit(Qwen35State& state, int rows) {
   if (rows < 0 || rows > state.pending_rows)
     fail("commit: {} rows, but the pending verify step has {}", rows, state.pending_rows);
-  if (rows > 0) backend_.write(state.accepted_rows_on_device->tensor(), &rows);
-  state.accepted_rows = rows;
+  if (rows > 0) {
+    backend_.write(state.commit_rows->tensor(), &rows);
+    // Only the states advance (the outputs are the verify step's again), every layer in one op, recorded
+    // once for every count.
+    graphs_.run(GraphKey{state.id, Step::Commit, state.pending_capacity, 0, {}}, [&] {
+      std::vector<GdnCommitLayer> layers;
+      for (size_t i = 0; i < weights_.layers.size(); ++i)
+        if (weights_.layers[i].type == LayerType::LinearAttention)
+          layers.push_back(pending_replay(state.layers[i]));
+      backend_.gdn_commit(layers, gdn_shape(config_), state.commit_rows->tensor());
+    });
+  }
   state.n_past += rows;
   state.pending_rows = 0;
 }
 
-GdnCommitLayer Qwen35Model::accepted_replay(Qwen35State::Layer& s) const {
-  // Every pending row is an operand; the op takes the accepted count from the device.
+GdnCommitLayer Qwen35Model::pending_replay(Qwen35State::Layer& s) const {
   return {s.conv_state->tensor(),      s.pending_conv_in->tensor().cols_view(0, config_.conv_dim()),
           s.recurrent_state->tensor(), s.pending_qkv->tensor(),
           s.pending_beta->tensor(),    s.pending_g->tensor()};
 }
 
-void Qwen35Model::settle(Qwen35State& state) {
-  if (state.accepted_rows == 0) return;
-  // Only the states advance (the outputs are the verify step's again), every layer in one op.
-  graphs_.run(GraphKey{state.id, Step::Commit, state.pending_capacity, 0, {}, true}, [&] {
-    std::vector<GdnCommitLayer> layers;
-    for (size_t i = 0; i < weights_.layers.size(); ++i)
-      if (weights_.layers[i].type == LayerType::LinearAttention)
-        layers.push_back(accepted_replay(state.layers[i]));
-    backend_.gdn_commit(layers, gdn_shape(config_), state.accepted_rows_on_device->tensor());
-  });
-  state.accepted_rows = 0;
-}
-
 void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
-                           const std::vector<int>& hidden_layers, bool advance, bool replay_accepted) {
+                           const std::vector<int>& hidden_layers, bool advance) {
   const Qwen35Config& c = config_;
   Workspace& ws = *ws_;
-  // commit's replay: the first GDN layer's in the step's own order, the others' in one op on the side, which
-  // the second GDN layer waits for (it runs beside the first layers). A wait costs the op after it its early
-  // launch (pdl.cuh), so one wait, not one a layer: a wait before each layer's replay cost a verify step
-  // ~0.09 ms on the H200.
-  int join_layer = -1, side_mark = -1;
-  if (replay_accepted && c.conv_dim() > 0) {
-    std::vector<GdnCommitLayer> replays;
-    for (size_t i = 0; i < weights_.layers.size(); ++i) {
-      if (weights_.layers[i].type != LayerType::LinearAttention) continue;
-      if (replays.size() == 1) join_layer = int(i);
-      replays.push_back(accepted_replay(state.layers[i]));
-    }
-    const Tensor accepted = state.accepted_rows_on_device->tensor();
-    backend_.gdn_commit(std::span(replays).first(1), gdn_shape(c), accepted);
-    if (replays.size() > 1) {
-      backend_.begin_side_work();
-      backend_.gdn_commit(std::span(replays).subspan(1), gdn_shape(c), accepted);
-      side_mark = backend_.side_mark();
-      backend_.end_side_work();
-    }
-  }
   Tensor x = first_rows(ws.x, T);
   Tensor normed = first_rows(ws.normed, T);
   Tensor mixer_out = first_rows(ws.mixer_out, T);
@@ -402,7 +372,6 @@ void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
   Tensor delta;  // nothing to add before the first layer
   for (int i = 0; i < c.num_layers; ++i) {
     const Qwen35Layer& layer = weights_.layers[size_t(i)];
-    if (i == join_layer) backend_.wait_for_side(side_mark);
     if (layer.type == LayerType::LinearAttention)
       gated_delta_net(layer, state.layers[size_t(i)], {x, delta, normed}, mixer_out, advance);
     else

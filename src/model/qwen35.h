@@ -61,12 +61,9 @@ struct Qwen35State {
   std::vector<Layer> layers;
   int max_context = 0;
   int n_past = 0;
-  int pending_rows = 0;      // rows of the last forward with advance = false, not yet committed
-  int pending_capacity = 0;  // rows the pending_* buffers hold
-  // Rows that commit accepted whose GDN replay has not run yet: the next forward runs it beside its first
-  // layers, or settle() now. On the device too (I32 [1, 1]), for recorded steps.
-  int accepted_rows = 0;
-  std::unique_ptr<Buffer> accepted_rows_on_device;
+  int pending_rows = 0;                 // rows of the last forward with advance = false, not yet committed
+  int pending_capacity = 0;             // rows the pending_* buffers hold
+  std::unique_ptr<Buffer> commit_rows;  // I32 [1, 1]: the count commit replays (one recorded commit for all)
   uint64_t id = 0;  // distinguishes states in the model's step graphs, which are recorded on their buffers
 };
 
@@ -105,16 +102,11 @@ class Qwen35Model {
   // Feeds `tokens` at positions state.n_past.. and advances the state (unless options.advance is false).
   ForwardOutput forward(Qwen35State& state, std::span<const int32_t> tokens, const ForwardOptions& options);
 
-  // Accepts the first `rows` tokens of the pending verify step (forward with advance = false) and advances
-  // n_past by `rows`; the rest of the verify step is dropped. The GDN layers' conv and recurrent states are
-  // replayed over those rows from the untouched pre-verify state, with the same per-token arithmetic as a
-  // plain step, but lazily: the next forward replays the first GDN layer first and the others beside its
-  // first layers (a second stream on CUDA, so the replay costs the step little), or settle() replays every
-  // layer at once.
+  // Accepts the first `rows` tokens of the pending verify step (forward with advance = false): replays them
+  // through every GDN layer's conv and recurrence from the untouched pre-verify state, with the same
+  // per-token arithmetic as a plain step, and advances n_past by `rows`. The rest of the verify step is
+  // dropped.
   void commit(Qwen35State& state, int rows);
-  // Runs the replay that commit left to the next forward (nothing if none): the states then hold the
-  // accepted rows, for whoever reads them directly.
-  void settle(Qwen35State& state);
 
   const Qwen35Weights& weights() const { return weights_; }
 
@@ -127,7 +119,6 @@ class Qwen35Model {
     Step step;
     int64_t tokens, logit_rows;
     std::vector<int> hidden_layers;
-    bool replays_accepted;  // the step begins with commit's replay
     auto operator<=>(const GraphKey&) const = default;
   };
   // Grows the activation buffers; true when any was reallocated (recorded step graphs are then stale).
@@ -136,9 +127,9 @@ class Qwen35Model {
   bool ensure_pending(Qwen35State& state, int rows);
   // Every op of one step, from the ids and positions already in the workspace.
   void run_step(Qwen35State& state, int64_t T, int64_t logit_rows, const std::vector<int>& hidden_layers,
-                bool advance, bool replay_accepted);
-  // The accepted rows' replay of GDN layer i as gdn_commit's operand (rows on the device).
-  GdnCommitLayer accepted_replay(Qwen35State::Layer& state) const;
+                bool advance);
+  // GDN layer `state`'s pending rows as gdn_commit's operand (all of them: the op reads the count).
+  GdnCommitLayer pending_replay(Qwen35State::Layer& state) const;
   // A sublayer's input: the residual stream x, to which the sublayer's norm first adds delta (the previous
   // sublayer's output; nothing when empty), and the norm's rows `normed`.
   struct SublayerInput {

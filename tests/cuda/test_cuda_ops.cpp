@@ -1704,10 +1704,10 @@ TEST(CudaOps, GatedDeltaRuleTokensIndependentOfCall) {
   }
 }
 
-// gdn_commit with the count of accepted rows on the device (as the model's recorded replays take it), over
-// 16 pending rows of the 4B shape: counts 0, 1, 7 and 16 equal the CUDA commit of only those rows bit for bit
-// and the CPU commit with the same count (conv exact, recurrent kRecurrentGdnTolerance); counts outside [0, 16]
-// are clamped (-3 -> 0, 20 -> 16), where the CPU would refuse them.
+// gdn_commit with the count of accepted rows on the device (as the model's one recorded commit takes it),
+// over 16 pending rows of the 4B shape: counts 0, 1, 7 and 16 equal the CUDA commit of only those rows bit
+// for bit and the CPU commit with the same count (conv exact, recurrent kRecurrentGdnTolerance); counts
+// outside the range are clamped (-3 -> 0, 20 -> 16), where the CPU would refuse them.
 TEST(CudaOps, GdnCommitRowsOnDevice) {
   std::mt19937 rng(19);
   auto& b = backends();
@@ -1720,8 +1720,8 @@ TEST(CudaOps, GdnCommitRowsOnDevice) {
   const std::vector<float> history = random_floats(rng, channels * (kKernel - 1), -1.0f, 1.0f);
   for (int count : {0, 1, 7, 16, -3, 20}) {
     const int64_t accepted = std::clamp<int64_t>(count, 0, kPending);
-    const std::string label = fmt::format("gdn_commit of {} pending rows, count {} on the device", kPending,
-                                          count);
+    const std::string label =
+        fmt::format("gdn_commit of {} pending rows, count {} on the device", kPending, count);
     const TensorPair conv_state = b.activation(channels, kKernel - 1, history);
     const TensorPair prefix_conv_state = b.activation(channels, kKernel - 1, history);
     const TensorPair state = in.fresh_state(), prefix_state = in.fresh_state();

@@ -141,7 +141,7 @@ class CudaBackend final : public Backend {
     // The caller may reuse `host` at once, so the bytes go through pinned staging memory, whose regions are
     // reused only after a synchronisation: a step's small writes (ids, positions) then cost no wait.
     if (bytes > kStagingBytes) {
-      check_cuda(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, main_stream()), "write");
+      check_cuda(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream()), "write");
       synchronize();
       return;
     }
@@ -150,14 +150,14 @@ class CudaBackend final : public Backend {
     void* slot = static_cast<char*>(staging_.data()) + staging_used_;
     std::memcpy(slot, host, bytes);
     staging_used_ += (bytes + 15) / 16 * 16;
-    check_cuda(cudaMemcpyAsync(dst.data, slot, bytes, cudaMemcpyHostToDevice, main_stream()), "write");
+    check_cuda(cudaMemcpyAsync(dst.data, slot, bytes, cudaMemcpyHostToDevice, stream()), "write");
   }
 
   void read(void* host, const Tensor& src) override {
     require_contiguous("read", "src", src);
     if (src.numel() == 0) return;
     const size_t bytes = src.row_bytes() * static_cast<size_t>(src.rows);
-    check_cuda(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, main_stream()), "read");
+    check_cuda(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream()), "read");
     synchronize();
   }
 
@@ -177,7 +177,7 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override {
-    check_cuda(cudaStreamSynchronize(main_stream()), "synchronize");
+    check_cuda(cudaStreamSynchronize(stream()), "synchronize");
     staging_used_ = 0;  // every staged copy has completed
   }
 
@@ -192,34 +192,7 @@ class CudaBackend final : public Backend {
     return workspace_generation_ + (gemm_ ? gemm_->scratch_generation() : 0);
   }
   std::unique_ptr<StepGraph> capture(const std::function<void()>& record) override {
-    return capture_graph(main_stream(), record);
-  }
-
-  // Side work runs on a second stream, forked from the main one by an event and joined by one event per
-  // mark. It shares the scratch memory of the main ops, so only ops without scratch may run there (grow
-  // refuses the others).
-  void begin_side_work() override {
-    if (on_side_) fail("begin_side_work: side work already begun");
-    if (!side_stream_) side_stream_ = std::make_unique<CudaStream>();
-    check_cuda(cudaEventRecord(fork_event_.get(), main_stream()), "begin_side_work (record)");
-    check_cuda(cudaStreamWaitEvent(side_stream_->get(), fork_event_.get(), 0), "begin_side_work (wait)");
-    on_side_ = true;
-    marks_ = 0;
-  }
-  int side_mark() override {
-    if (!on_side_) fail("side_mark: no side work begun");
-    if (marks_ == static_cast<int>(mark_events_.size()))
-      mark_events_.push_back(std::make_unique<CudaEvent>());
-    check_cuda(cudaEventRecord(mark_events_[static_cast<size_t>(marks_)]->get(), side_stream_->get()),
-               "side_mark");
-    return marks_++;
-  }
-  void end_side_work() override { on_side_ = false; }
-  void wait_for_side(int mark) override {
-    if (on_side_ || mark < 0 || mark >= marks_)
-      fail("wait_for_side: mark {} is not one of the {} of the side work that ended", mark, marks_);
-    check_cuda(cudaStreamWaitEvent(main_stream(), mark_events_[static_cast<size_t>(mark)]->get(), 0),
-               "wait_for_side");
+    return capture_graph(stream(), record);
   }
 
   void embed(const Tensor& out, const Tensor& table, const Tensor& ids) override {
@@ -524,14 +497,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  cudaStream_t main_stream() const { return stream_->get(); }
-  // Where ops go: the side stream between begin_side_work and end_side_work.
-  cudaStream_t stream() const { return on_side_ ? side_stream_->get() : main_stream(); }
+  cudaStream_t stream() const { return stream_->get(); }
 
   // Reallocates `memory` when it holds fewer than `bytes` (the old contents are dropped).
   void grow(DeviceMemory& memory, size_t bytes) {
-    if (on_side_)
-      fail("an op with scratch memory was issued as side work (only ops without scratch run there)");
     if (bytes <= memory.bytes()) return;
     memory = DeviceMemory(bytes);
     ++workspace_generation_;
@@ -558,11 +527,6 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   int max_shared_bytes_ = 0;  // per block, with the opt-in above the 48 KB default
   std::unique_ptr<CudaStream> stream_;
-  std::unique_ptr<CudaStream> side_stream_;  // made by the first begin_side_work
-  CudaEvent fork_event_;
-  std::vector<std::unique_ptr<CudaEvent>> mark_events_;  // side_mark's, reused by later side work
-  bool on_side_ = false;
-  int marks_ = 0;                      // of the current or last side work
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
   static constexpr size_t kStagingBytes = size_t{1} << 20;
   PinnedHostMemory staging_;  // host bytes of write() in flight, made on first use
