@@ -122,6 +122,35 @@ TEST_P(SpeculativeLossless, RandomDrafter) {
   }
 }
 
+// Oracle drafts with a drafter too: the drafter runs every step (for timing) but the oracle's drafts are
+// verified, so the output, drafts and accepted counts are those of the oracle alone, and the drafter's
+// context follows the target's.
+TEST_P(SpeculativeLossless, OracleDraftsWithTheDrafterRunning) {
+  testing_support::TempDir dir;
+  write_synthetic_drafter(dir.str(), speculative_testing::drafter_config_for(model().config()), 6);
+  TensorStore store = TensorStore::open_dir(dir.str());
+  DFlashModel drafter(DFlashConfig::load(dir.str()), store, model(), GetParam().string());
+  const GenerationOptions options = greedy(40);
+  std::vector<int32_t> oracle = plain(options);
+  for (size_t i = 5; i < oracle.size(); i += 7) oracle[i] = (oracle[i] + 1) % model().config().vocab_size;
+  SpeculativeOptions spec;
+  spec.oracle_drafts = oracle;
+  auto alone_state = model().new_state(int(prompt_.size()) + options.max_tokens);
+  const GenerationResult alone = generate_speculative(model(), *alone_state, nullptr, prompt_, options, spec);
+  auto state = model().new_state(int(prompt_.size()) + options.max_tokens);
+  auto draft_state = drafter.new_state(state->max_context);
+  const Drafter pair{drafter, *draft_state};
+  const GenerationResult with_drafter = generate_speculative(model(), *state, &pair, prompt_, options, spec);
+  EXPECT_EQ(with_drafter.tokens, alone.tokens);
+  ASSERT_EQ(with_drafter.steps.size(), alone.steps.size());
+  for (size_t i = 0; i < alone.steps.size(); ++i) {
+    EXPECT_EQ(with_drafter.steps[i].drafts, alone.steps[i].drafts) << "step " << i;
+    EXPECT_EQ(with_drafter.steps[i].accepted, alone.steps[i].accepted) << "step " << i;
+  }
+  EXPECT_EQ(draft_state->n_context, state->n_past);
+  EXPECT_GT(draft_state->n_context, int(prompt_.size()));
+}
+
 // Stop ids, max_tokens and a callback that stops, each inside a fully accepted block: the output and the
 // state (n_past, every buffer) equal plain generation's.
 TEST_P(SpeculativeLossless, EndsInsideAnAcceptedBlockWhereGenerateEnds) {

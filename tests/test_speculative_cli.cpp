@@ -89,8 +89,8 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
 }
 
 // qspec bench with a drafter and the end-to-end protocol at tiny sizes: the draft and commit steps are
-// recorded, every oracle acceptance length is the one measured, and the speculative cases carry a verify
-// step timed alone.
+// recorded, every oracle acceptance length is the one measured (also with the drafter running every step),
+// and the speculative cases carry a verify step timed alone (and the drafter's cases a draft step).
 TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   testing_support::TempDir out;
   const testing_support::CommandResult run = testing_support::run_command(
@@ -107,8 +107,14 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   EXPECT_NE(std::find(steps.begin(), steps.end(), "draft"), steps.end());
   EXPECT_NE(std::find(steps.begin(), steps.end(), "commit 16"), steps.end());
   const nlohmann::json& e2e = record.at("end_to_end");
-  ASSERT_EQ(e2e.size(), 4u);  // plain, then 1, 5, 16 tokens per step
+  ASSERT_EQ(e2e.size(), 7u);  // plain, then 1, 5, 16 tokens per step, each without and with the drafter
   EXPECT_EQ(e2e[0]["acceptance_length"], 0);
+  for (size_t i = 1; i < e2e.size(); ++i) {
+    EXPECT_EQ(e2e[i]["drafter"], i % 2 == 0) << i;
+    if (i % 2 == 0) {
+      EXPECT_EQ(e2e[i]["acceptance_length"], e2e[i - 1]["acceptance_length"]) << i;
+    }
+  }
   // One timed request per case: its prefill and its steps (the first token comes from the prefill, each step
   // emits the measured tokens) fit in the request's time, and take most of it.
   for (const nlohmann::json& r : e2e) {
@@ -122,13 +128,21 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   }
   // A verify step timed alone, for the speculative cases: part of each of their steps, so at most a step's
   // time (twice that: one timed run of each); the rest of a step is reported as the difference.
+  // With the drafter running, a draft step timed alone likewise, and the rest leaves out both.
   EXPECT_FALSE(e2e[0].contains("median_verify_ms"));
   for (size_t i = 1; i < e2e.size(); ++i) {
     const double verify = e2e[i]["median_verify_ms"].get<double>(),
                  step = e2e[i]["median_step_ms"].get<double>();
     EXPECT_GT(verify, 0.0);
     EXPECT_LE(verify, 2.0 * step);
-    EXPECT_DOUBLE_EQ(e2e[i]["median_rest_ms"].get<double>(), step - verify);
+    const bool drafter = e2e[i]["drafter"].get<bool>();
+    EXPECT_EQ(e2e[i].contains("median_draft_ms"), drafter);
+    const double draft = drafter ? e2e[i]["median_draft_ms"].get<double>() : 0.0;
+    if (drafter) {
+      EXPECT_GT(draft, 0.0);
+      EXPECT_LE(draft, 2.0 * step);
+    }
+    EXPECT_DOUBLE_EQ(e2e[i]["median_rest_ms"].get<double>(), step - verify - draft);
   }
   for (size_t i = 1; i < e2e.size(); ++i) {
     const int requested = e2e[i]["acceptance_length"].get<int>();

@@ -1,7 +1,8 @@
 // qspec bench: per-step latency of the target model (decode M = 1, verify M = K, prefill of chosen lengths),
 // each against the bytes it must move, printed as a table and recorded as JSON under bench/results/. With a
 // drafter also the draft step and the commit (GDN replay) of a verify step; with --e2e the competition's
-// end-to-end protocol (dflash-system.md §8) at chosen oracle acceptance lengths.
+// end-to-end protocol (dflash-system.md §8) at chosen oracle acceptance lengths (with a drafter also with the
+// drafter running every step).
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -91,6 +92,11 @@ struct EndToEndResult {
   // Speculative: a verify step alone at the middle of a request's context, timed apart. A step's time less it
   // is all the rest of the step: the commit (GDN replay), the host's work and the argmax read-back.
   std::vector<double> verify_ms;
+  // With the drafter running every step (its drafts replaced by the oracle's): a draft step alone at the
+  // same context, which the rest of a step then leaves out too (the rest then holds the drafter's context
+  // pass over the accepted rows, the feature hand-off).
+  bool drafter = false;
+  std::vector<double> draft_ms;
 };
 
 double median(std::vector<double> values) {
@@ -179,9 +185,30 @@ std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, 
   return ms;
 }
 
+// The drafter's draft step alone at the middle of the request's context, as time_verify_step times the
+// verify: the drafter's context is the target's features of `prompt` and the first half of `output`.
+std::vector<double> time_draft_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
+                                    Qwen35State& state, DFlashModel& drafter, DFlashState& draft_state,
+                                    const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
+  model.reset(state);
+  drafter.reset(draft_state);
+  ForwardOptions features;
+  features.logits = false;
+  features.hidden_layers = drafter.config().target_layer_ids;
+  drafter.add_context(draft_state, model.forward(state, prompt, features).hidden);
+  const size_t half = output.size() / 2;
+  if (half > 0)
+    drafter.add_context(draft_state, model.forward(state, std::span(output.data(), half), features).hidden);
+  return time_runs(backend, std::max(1, args.warmups), args.e2e_runs,
+                   [&] { drafter.draft(draft_state, output[half], args.draft_window); });
+}
+
 // The competition protocol per category: warm-ups, then timed requests (prefill + decode) at temperature 0,
-// batch 1: plain decoding, then speculative decoding with oracle drafts at each acceptance length.
-std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& model, Backend& backend) {
+// batch 1: plain decoding, then speculative decoding with oracle drafts at each acceptance length, and with a
+// drafter also each acceptance length with the drafter running every step (the oracle's drafts in place of
+// its own), whose time a real run at that acceptance would pay.
+std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& model, Backend& backend,
+                                           DFlashModel* drafter) {
   const Qwen35Config& c = model.config();
   const std::optional<ModelTokenizer> tokenizer = open_model_tokenizer(args.model_dir, "", c.vocab_size);
   std::vector<EndToEndResult> results;
@@ -192,10 +219,12 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
     options.ignore_eos = true;
     options.prefill_chunk = 8192;
     auto state = model.new_state(int(prompt.size()) + options.max_tokens);
+    std::unique_ptr<DFlashState> draft_state = drafter ? drafter->new_state(state->max_context) : nullptr;
     std::vector<int32_t> expected;  // the last request's output
     auto time_requests = [&](EndToEndResult& r, const std::function<GenerationResult()>& request) {
       for (int i = 0; i < args.warmups + args.e2e_runs; ++i) {
         model.reset(*state);
+        if (draft_state) drafter->reset(*draft_state);
         auto start = std::chrono::steady_clock::now();
         const GenerationResult g = request();
         backend.synchronize();
@@ -211,17 +240,30 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
         expected = g.tokens;
       }
     };
-    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0, {}, {}, {}};
+    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0, {}, {}, {}, false, {}};
     time_requests(plain, [&] { return generate(model, *state, prompt, options); });
     results.push_back(plain);
     const std::vector<int32_t> greedy = expected;
     const std::vector<double> verify_ms = time_verify_step(args, model, backend, *state, prompt, greedy);
+    const std::vector<double> draft_ms =
+        drafter ? time_draft_step(args, model, backend, *state, *drafter, *draft_state, prompt, greedy)
+                : std::vector<double>{};
     for (int acceptance : args.acceptance) {
       SpeculativeOptions spec;
       spec.oracle_drafts = oracle_for_acceptance(greedy, acceptance, c.vocab_size);
-      EndToEndResult r{int(prompt.size()), options.max_tokens, acceptance, {}, 0.0, {}, {}, verify_ms};
+      spec.draft_window = args.draft_window;
+      EndToEndResult r{
+          int(prompt.size()), options.max_tokens, acceptance, {}, 0.0, {}, {}, verify_ms, false, {}};
       time_requests(r, [&] { return generate_speculative(model, *state, nullptr, prompt, options, spec); });
       results.push_back(r);
+      if (!drafter) continue;
+      const Drafter pair{*drafter, *draft_state};
+      EndToEndResult d = r;
+      d.ms.clear(), d.prefill_ms.clear(), d.step_ms.clear();
+      d.drafter = true;
+      d.draft_ms = draft_ms;
+      time_requests(d, [&] { return generate_speculative(model, *state, &pair, prompt, options, spec); });
+      results.push_back(d);
     }
   }
   return results;
@@ -266,20 +308,21 @@ void run_bench(const BenchArgs& args) {
   time_step(verify, [&] { model.forward(*state, block, all_rows); });
   results.push_back(verify);
 
+  std::optional<LoadedDrafter> drafter;
   if (!args.draft_model.empty()) {
     // The draft step over a context of args.context tokens, and the commit (GDN replay) of a whole verify
     // step.
-    LoadedDrafter drafter = LoadedDrafter::open(args.draft_model, loaded, args.model_dir);
-    drafter.model->set_step_graphs(!args.no_graphs);
-    const DFlashConfig& dc = drafter.model->config();
-    auto draft_state = drafter.model->new_state(state->max_context);
+    drafter.emplace(LoadedDrafter::open(args.draft_model, loaded, args.model_dir));
+    drafter->model->set_step_graphs(!args.no_graphs);
+    const DFlashConfig& dc = drafter->model->config();
+    auto draft_state = drafter->model->new_state(state->max_context);
     model.reset(*state);
     ForwardOptions features;
     features.logits = false;
     features.hidden_layers = dc.target_layer_ids;
-    drafter.model->add_context(*draft_state, model.forward(*state, context, features).hidden);
+    drafter->model->add_context(*draft_state, model.forward(*state, context, features).hidden);
     StepResult draft{"draft", dc.block_size, {}, 0};
-    time_step(draft, [&] { drafter.model->draft(*draft_state, 17, args.draft_window); });
+    time_step(draft, [&] { drafter->model->draft(*draft_state, 17, args.draft_window); });
     results.push_back(draft);
     const std::vector<int32_t> verify_block(size_t(dc.block_size), 17);
     ForwardOptions pending = all_rows;
@@ -357,15 +400,18 @@ void run_bench(const BenchArgs& args) {
 
   if (args.e2e) {
     record["end_to_end"] = nlohmann::json::array();
-    // "verify ms": a verify step alone at the middle of a request's context; "rest ms": a speculative step
-    // less it (the commit, the host's work, the argmax read-back: issue 5's "everything else per step").
-    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9} {:>10} {:>8}\n", "prompt", "new",
+    // "verify ms" ("draft ms"): a verify (draft) step alone at the middle of a request's context; "rest ms":
+    // a speculative step less them (the commit, the host's work, the argmax read-back and, with the drafter
+    // running ("+d"), its context pass: issue 5's "everything else per step").
+    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9} {:>10} {:>9} {:>8}\n", "prompt", "new",
                "acceptance", "median ms", "decode tok/s", "measured", "prefill ms", "ms/step", "verify ms",
-               "rest ms");
-    for (const EndToEndResult& r : run_end_to_end(args, model, backend)) {
+               "draft ms", "rest ms");
+    for (const EndToEndResult& r :
+         run_end_to_end(args, model, backend, drafter ? drafter->model.get() : nullptr)) {
       const double ms = median(r.ms);
       const double step_ms = r.step_ms.empty() ? 0.0 : median(r.step_ms);
-      const std::string acceptance = r.acceptance == 0 ? "plain" : std::to_string(r.acceptance);
+      const std::string acceptance =
+          r.acceptance == 0 ? "plain" : fmt::format("{}{}", r.acceptance, r.drafter ? "+d" : "");
       fmt::print("{:<8} {:>6} {:>11} {:>11.2f} {:>12.1f} {:>10.2f} {:>11.2f} {:>9.3f}", r.prompt_tokens,
                  r.new_tokens, acceptance, ms, r.new_tokens / (ms * 1e-3), r.mean_acceptance_length,
                  median(r.prefill_ms), step_ms);
@@ -377,13 +423,20 @@ void run_bench(const BenchArgs& args) {
                               {"ms", r.ms},
                               {"median_prefill_ms", median(r.prefill_ms)},
                               {"median_step_ms", step_ms},
-                              {"step_ms", r.step_ms}};
+                              {"step_ms", r.step_ms},
+                              {"drafter", r.drafter}};
       if (!r.verify_ms.empty()) {
         const double verify_ms = median(r.verify_ms);
-        fmt::print(" {:>10.3f} {:>8.3f}", verify_ms, step_ms - verify_ms);
+        const double draft_ms = r.drafter ? median(r.draft_ms) : 0.0;
+        fmt::print(" {:>10.3f} {:>9} {:>8.3f}", verify_ms, r.drafter ? fmt::format("{:.3f}", draft_ms) : "",
+                   step_ms - verify_ms - draft_ms);
         entry["verify_ms"] = r.verify_ms;
         entry["median_verify_ms"] = verify_ms;
-        entry["median_rest_ms"] = step_ms - verify_ms;
+        if (r.drafter) {
+          entry["draft_ms"] = r.draft_ms;
+          entry["median_draft_ms"] = draft_ms;
+        }
+        entry["median_rest_ms"] = step_ms - verify_ms - draft_ms;
       }
       fmt::print("\n");
       record["end_to_end"].push_back(entry);
@@ -425,7 +478,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--commit", args->commit, "commit id to record (default: $QSPEC_COMMIT)");
   cmd->add_flag("--no-graphs", args->no_graphs, "run every op directly instead of replaying step graphs");
   cmd->add_option("--draft-model", args->draft_model,
-                  "DFlash drafter: also time the draft step and the commit");
+                  "DFlash drafter: also time the draft step and the commit, and with --e2e each "
+                  "acceptance length again with the drafter running every step");
   cmd->add_option("--draft-window", args->draft_window, "drafter sliding window for the draft step (0: off)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag(

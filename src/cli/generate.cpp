@@ -180,8 +180,8 @@ void register_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option(
       "--draft-oracle", args->draft_oracle,
-      "FILE.json, an array of token ids that replaces the drafter: the drafts after output position i "
-      "are FILE[i..i+K-1]");
+      "FILE.json, an array of token ids that replaces the drafter's proposals: the drafts after output "
+      "position i are FILE[i..i+K-1] (a --draft-model given too still runs, for timing)");
   cmd->callback([args] { run_generate(*args); });
 }
 

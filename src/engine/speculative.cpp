@@ -86,7 +86,9 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
   Sampler sampler(options.sampling);
   Backend& backend = target.backend();
   const auto vocab = static_cast<size_t>(config.vocab_size);
-  const bool use_drafter = drafter && !spec.oracle_drafts;
+  // With oracle drafts too, the drafter still runs every step (its drafts read back, then replaced), so that
+  // a timed run at a forced acceptance pays for drafting as a real one does.
+  const bool use_drafter = drafter != nullptr;
   const std::vector<int> feature_layers =
       use_drafter ? drafter->model.config().target_layer_ids : std::vector<int>{};
   // Buffers of the steps, sized here so that a step allocates nothing on the host but its record in
@@ -141,9 +143,11 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
       const DraftOutput draft = drafter->model.draft(drafter->state, bonus, spec.draft_window);
       block.resize(size_t(count) + 1);
       backend.read(block.data() + 1, draft.ids.rows_view(0, count));
-    } else {
+    }
+    if (spec.oracle_drafts) {
       const std::vector<int32_t>& oracle = *spec.oracle_drafts;
       count = std::clamp(int(oracle.size()) - emitted, 0, count);
+      block.resize(1);
       block.insert(block.end(), oracle.begin() + emitted, oracle.begin() + emitted + count);
     }
     const std::span<const int32_t> drafts(block.data() + 1, size_t(count));

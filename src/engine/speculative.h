@@ -22,8 +22,10 @@ inline constexpr int kDefaultSpecTokens = 15;  // without a drafter: the paper's
 struct SpeculativeOptions {
   int spec_tokens = 0;  // drafts per step K; 0: the drafter's block_size - 1 (kDefaultSpecTokens without one)
   int draft_window = 0;  // drafter sliding window W (keys within W - 1 positions), 0: off
-  // Replaces the drafter when set: the drafts after output position i are oracle_drafts[i .. i+K-1] (fewer
-  // near its end), e.g. the expected output with chosen wrong tokens, to force acceptance lengths.
+  // Replaces the drafter's proposals when set: the drafts after output position i are
+  // oracle_drafts[i .. i+K-1] (fewer near its end), e.g. the expected output with chosen wrong tokens, to
+  // force acceptance lengths. A drafter given too still runs every step (its drafts are read back and
+  // dropped, its context follows the target), so that timings at a forced acceptance include drafting.
   std::optional<std::vector<int32_t>> oracle_drafts;
 };
 
@@ -41,7 +43,8 @@ int drafts_per_step(const DFlashModel* drafter, const SpeculativeOptions& spec);
 // Like generate(): on_token gets every emitted id in order (returning false stops after it), stop ids and
 // max_tokens are honoured inside an accepted block, and the target state ends having consumed the prompt and
 // every emitted token but the last (the drafter state likewise). `drafter` may be null when
-// spec.oracle_drafts is set. Throws Error naming the option on bad input.
+// spec.oracle_drafts is set (else the drafter runs with the oracle's drafts in place of its own). Throws
+// Error naming the option on bad input.
 GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, const Drafter* drafter,
                                       std::span<const int32_t> prompt, const GenerationOptions& options,
                                       const SpeculativeOptions& spec, const TokenCallback& on_token = {});
