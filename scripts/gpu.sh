@@ -207,11 +207,15 @@ ab_tests() {
 }
 
 # The current bundle's step times of round $2 logged as $1, under the environment assignments after them.
+# QSPEC_AB_E2E=1,16 (acceptance lengths) adds the end-to-end protocol's short category (3 timed requests),
+# where a verify step follows a commit (the bench's steps do not).
 ab_steps() {
   local log=$1 round=$2
   shift 2
+  local e2e=()
+  [ -n "${QSPEC_AB_E2E:-}" ] && e2e=(--e2e --e2e-prompts 64 --acceptance "$QSPEC_AB_E2E" --e2e-runs 3)
   env "$@" "$bundle/qspec" bench --model "$STEP_TARGET" --backend cuda --draft-model "$STEP_DRAFTER" \
-    --prefill "${QSPEC_AB_PREFILL:-64,2048}" --out "$work/$log-records" \
+    --prefill "${QSPEC_AB_PREFILL:-64,2048}" "${e2e[@]}" --out "$work/$log-records" \
     >"$work/$log-round$round-steps.log" 2>&1 || echo "$log: qspec bench failed"
 }
 
@@ -263,7 +267,7 @@ ab() {
   tar czf "$OUT/ab.tgz" -C "$work" .
   for log in "$work"/*-steps.log; do
     echo "== $(basename "$log" -steps.log)"
-    grep -E '^(decode|verify|draft|commit|prefill)' "$log" || true
+    grep -E '^(decode|verify|draft|commit|prefill)|^[0-9]+ +[0-9]+ ' "$log" || true
   done
   for log in "$work"/*-ops.log; do
     [ -f "$log" ] || continue
