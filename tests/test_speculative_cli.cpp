@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "run_command.h"
 #include "temp_dir.h"
 
@@ -105,6 +106,18 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   std::vector<std::string> steps;
   for (const auto& step : record.at("steps")) steps.push_back(step.at("name"));
   EXPECT_NE(std::find(steps.begin(), steps.end(), "draft"), steps.end());
+  // The draft step's bytes: the drafter's layers and final norm, the target's tied BF16 head [256, 128], and
+  // K and V (F32) of 2 layers x 2 heads x 32 over the default context of 64 tokens and the block of 16.
+  double drafter_bytes = 0;
+  const TensorStore drafter_store = TensorStore::open_dir(kDrafter);
+  for (const TensorView* t : drafter_store.all())
+    if (t->name.starts_with("layers.") || t->name == "norm.weight") drafter_bytes += double(t->nbytes);
+  const double head_bytes = 256.0 * 128 * 2, kv_bytes = 2.0 * (64 + 16) * 2 * 2 * 32 * 4;
+  for (const auto& step : record.at("steps"))
+    if (step.at("name") == "draft") {
+      EXPECT_DOUBLE_EQ(step.at("bytes").get<double>(), drafter_bytes + head_bytes + kv_bytes);
+      EXPECT_GT(step.at("limit_ms").get<double>(), 0.0);
+    }
   EXPECT_NE(std::find(steps.begin(), steps.end(), "commit 16"), steps.end());
   const nlohmann::json& e2e = record.at("end_to_end");
   ASSERT_EQ(e2e.size(), 7u);  // plain, then 1, 5, 16 tokens per step, each without and with the drafter

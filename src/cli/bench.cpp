@@ -135,6 +135,25 @@ double state_bytes(const Qwen35Config& c, int64_t context) {
   return gdn + kv;
 }
 
+// Bytes a product with `w` reads: its dense weight, or its packed words and scales.
+double linear_bytes(const LinearWeight& w) {
+  double bytes = 0;
+  for (const Tensor* t : {&w.weight, &w.packed, &w.scales})
+    if (!t->empty()) bytes += double(t->numel()) * double(dtype_size(t->dtype));
+  return bytes;
+}
+
+// The fewest bytes a draft step moves: the drafter's layers and final norm (not the context pass's fc and
+// hidden_norm), the target's head, and every drafter layer's K and V (F32) of `context` tokens and the block.
+double draft_step_bytes(const TensorStore& drafter, const DFlashConfig& dc, const LinearWeight& head,
+                        int64_t context) {
+  double bytes = linear_bytes(head);
+  for (const TensorView* t : drafter.all())
+    if (t->name.starts_with("layers.") || t->name == "norm.weight") bytes += double(t->nbytes);
+  const double kv_row = 2.0 * dc.num_kv_heads * dc.head_dim * sizeof(float);
+  return bytes + double(dc.num_layers) * double(context + dc.block_size) * kv_row;
+}
+
 // Bytes of the buffers a sequence's state holds: KV caches, GDN states, the pending verify rows.
 double allocated_state_bytes(const Qwen35State& state) {
   double bytes = 0;
@@ -321,7 +340,10 @@ void run_bench(const BenchArgs& args) {
     features.logits = false;
     features.hidden_layers = dc.target_layer_ids;
     drafter->model->add_context(*draft_state, model.forward(*state, context, features).hidden);
-    StepResult draft{"draft", dc.block_size, {}, 0};
+    StepResult draft{"draft",
+                     dc.block_size,
+                     {},
+                     draft_step_bytes(*drafter->store, dc, model.weights().lm_head, args.context)};
     time_step(draft, [&] { drafter->model->draft(*draft_state, 17, args.draft_window); });
     results.push_back(draft);
     const std::vector<int32_t> verify_block(size_t(dc.block_size), 17);
