@@ -378,22 +378,19 @@ TEST(CpuGdnCommit, RowCountAcceptsAPrefix) {
   }
   TestTensor conv = copy_of(conv_state), state = p.state_copy();
   const GdnCommitLayer layer = layer_of(conv, state, kTokens);
+  auto commit_with = [&](const TestTensor& count_tensor) {
+    backend->gdn_commit({&layer, 1}, kGroupedShape, count_tensor.view());
+  };
   for (int bad : {-1, int{kTokens} + 1}) {
     count.set(0, 0, bad);
-    cpu_test::expect_error(
-        [&] {
-          backend->gdn_commit({&layer, 1}, kGroupedShape, count.view());
-        },
-        {"gdn_commit", fmt::format("rows[0] is {}", bad), "expected 0 to 5"});
+    cpu_test::expect_error([&] { commit_with(count); },
+                           {"gdn_commit", fmt::format("rows[0] is {}", bad), "expected 0 to 5"});
   }
   EXPECT_EQ(cpu_test::relative_max_error(state, cpu_test::reference_of(p.state_copy())), 0.0);
   EXPECT_EQ(cpu_test::relative_max_error(conv, cpu_test::reference_of(conv_state)), 0.0);
-  const TestTensor two_counts(DType::I32, 2, 1);
-  cpu_test::expect_error(
-      [&] {
-        backend->gdn_commit({&layer, 1}, kGroupedShape, two_counts.view());
-      },
-      {"gdn_commit", "rows", "[2, 1]", "[1, 1]"});
+  const TestTensor two_counts(DType::I32, 2, 1), float_count(DType::F32, 1, 1);
+  cpu_test::expect_error([&] { commit_with(two_counts); }, {"gdn_commit", "rows", "[2, 1]", "[1, 1]"});
+  cpu_test::expect_error([&] { commit_with(float_count); }, {"gdn_commit", "rows must be I32, got F32"});
 }
 
 // A layer whose inputs have another T than the first layer's is refused, naming the layer.

@@ -154,6 +154,10 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
     if (drafter) {
       EXPECT_GT(draft, 0.0);
       EXPECT_LE(draft, 2.0 * step);
+      // The drafter ran: its context followed the target's over the prompt and every emitted token but the
+      // last.
+      EXPECT_EQ(e2e[i]["drafter_context"].get<int>(),
+                e2e[i]["prompt_tokens"].get<int>() + e2e[i]["new_tokens"].get<int>() - 1);
     }
     EXPECT_DOUBLE_EQ(e2e[i]["median_rest_ms"].get<double>(), step - verify - draft);
   }

@@ -97,6 +97,7 @@ struct EndToEndResult {
   // pass over the accepted rows, the feature hand-off).
   bool drafter = false;
   std::vector<double> draft_ms;
+  int drafter_context = 0;  // the drafter state's tokens after the last request (it follows the target's)
 };
 
 double median(std::vector<double> values) {
@@ -178,47 +179,59 @@ std::vector<double> time_runs(Backend& backend, int warmups, int runs, const std
   return ms;
 }
 
-// The speculative steps' verify (a block of the bonus and kDefaultSpecTokens drafts, every row's logits, the
-// state left for a commit; a verify may follow an uncommitted one) alone, at the middle of the request's
-// context (the steps' mean: a verify's attention grows with it), after a prefill of `prompt` and the first
-// half of `output`: warm-ups (at least one: a step graph's capture), then one time per timed request.
-std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
-                                     Qwen35State& state, const std::vector<int32_t>& prompt,
-                                     const std::vector<int32_t>& output) {
+// A step graph is recorded on its key's second run and replayed from the third (StepGraphCache): the
+// warm-ups before a step's timed runs.
+constexpr int kGraphWarmups = 2;
+
+// Resets `state` and feeds it `prompt` and the first half of `output`, the middle of a request's context
+// (the mean context of its steps), handing each forward's rows of `hidden_layers` to `on_features`. Returns
+// the half.
+size_t feed_to_middle(Qwen35Model& model, Qwen35State& state, const std::vector<int32_t>& prompt,
+                      const std::vector<int32_t>& output, const std::vector<int>& hidden_layers,
+                      const std::function<void(std::span<const Tensor>)>& on_features) {
   model.reset(state);
   ForwardOptions prefill;
   prefill.logits = false;
-  model.forward(state, prompt, prefill);
+  prefill.hidden_layers = hidden_layers;
+  on_features(model.forward(state, prompt, prefill).hidden);
   const size_t half = output.size() / 2;
-  if (half > 0) model.forward(state, std::span(output.data(), half), prefill);
+  if (half > 0) on_features(model.forward(state, std::span(output.data(), half), prefill).hidden);
+  return half;
+}
+
+// The speculative steps' verify (a block of the bonus and kDefaultSpecTokens drafts, every row's logits and
+// the rows of `hidden_layers` (a drafter's features), the state left for a commit; a verify may follow an
+// uncommitted one) alone at the middle of the request's context (a verify's attention grows with it):
+// warm-ups, then one time per timed request.
+std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
+                                     Qwen35State& state, const std::vector<int32_t>& prompt,
+                                     const std::vector<int32_t>& output,
+                                     const std::vector<int>& hidden_layers) {
+  const size_t half = feed_to_middle(model, state, prompt, output, {}, [](std::span<const Tensor>) {});
   ForwardOptions verify;
   verify.all_logits = true;
   verify.advance = false;
+  verify.hidden_layers = hidden_layers;
   std::vector<int32_t> block(output.begin() + static_cast<std::ptrdiff_t>(half),
                              output.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(
                                                   output.size(), half + kDefaultSpecTokens + 1)));
   backend.synchronize();
-  const std::vector<double> ms = time_runs(backend, std::max(1, args.warmups), args.e2e_runs,
+  const std::vector<double> ms = time_runs(backend, std::max(kGraphWarmups, args.warmups), args.e2e_runs,
                                            [&] { model.forward(state, block, verify); });
   model.commit(state, 0);
   return ms;
 }
 
-// The drafter's draft step alone at the middle of the request's context, as time_verify_step times the
-// verify: the drafter's context is the target's features of `prompt` and the first half of `output`.
+// The drafter's draft step alone at the middle of the request's context, its context the target's features
+// of `prompt` and the first half of `output`: warm-ups, then one time per timed request.
 std::vector<double> time_draft_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
                                     Qwen35State& state, DFlashModel& drafter, DFlashState& draft_state,
                                     const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
-  model.reset(state);
   drafter.reset(draft_state);
-  ForwardOptions features;
-  features.logits = false;
-  features.hidden_layers = drafter.config().target_layer_ids;
-  drafter.add_context(draft_state, model.forward(state, prompt, features).hidden);
-  const size_t half = output.size() / 2;
-  if (half > 0)
-    drafter.add_context(draft_state, model.forward(state, std::span(output.data(), half), features).hidden);
-  return time_runs(backend, std::max(1, args.warmups), args.e2e_runs,
+  const size_t half =
+      feed_to_middle(model, state, prompt, output, drafter.config().target_layer_ids,
+                     [&](std::span<const Tensor> features) { drafter.add_context(draft_state, features); });
+  return time_runs(backend, std::max(kGraphWarmups, args.warmups), args.e2e_runs,
                    [&] { drafter.draft(draft_state, output[half], args.draft_window); });
 }
 
@@ -256,14 +269,28 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
         if (!g.steps.empty())
           r.mean_acceptance_length =
               double(g.accepted_tokens + int64_t(g.steps.size())) / double(g.steps.size());
+        if (draft_state) r.drafter_context = draft_state->n_context;
         expected = g.tokens;
       }
     };
-    EndToEndResult plain{int(prompt.size()), options.max_tokens, 0, {}, 1.0, {}, {}, {}, false, {}};
+    auto row = [&](int acceptance) {
+      EndToEndResult r;
+      r.prompt_tokens = int(prompt.size());
+      r.new_tokens = options.max_tokens;
+      r.acceptance = acceptance;
+      return r;
+    };
+    EndToEndResult plain = row(0);
+    plain.mean_acceptance_length = 1.0;
     time_requests(plain, [&] { return generate(model, *state, prompt, options); });
     results.push_back(plain);
     const std::vector<int32_t> greedy = expected;
-    const std::vector<double> verify_ms = time_verify_step(args, model, backend, *state, prompt, greedy);
+    const std::vector<double> verify_ms = time_verify_step(args, model, backend, *state, prompt, greedy, {});
+    // With the drafter running, a verify also writes its features.
+    const std::vector<double> feature_verify_ms =
+        drafter ? time_verify_step(args, model, backend, *state, prompt, greedy,
+                                   drafter->config().target_layer_ids)
+                : std::vector<double>{};
     const std::vector<double> draft_ms =
         drafter ? time_draft_step(args, model, backend, *state, *drafter, *draft_state, prompt, greedy)
                 : std::vector<double>{};
@@ -271,15 +298,15 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
       SpeculativeOptions spec;
       spec.oracle_drafts = oracle_for_acceptance(greedy, acceptance, c.vocab_size);
       spec.draft_window = args.draft_window;
-      EndToEndResult r{
-          int(prompt.size()), options.max_tokens, acceptance, {}, 0.0, {}, {}, verify_ms, false, {}};
+      EndToEndResult r = row(acceptance);
+      r.verify_ms = verify_ms;
       time_requests(r, [&] { return generate_speculative(model, *state, nullptr, prompt, options, spec); });
       results.push_back(r);
       if (!drafter) continue;
       const Drafter pair{*drafter, *draft_state};
-      EndToEndResult d = r;
-      d.ms.clear(), d.prefill_ms.clear(), d.step_ms.clear();
+      EndToEndResult d = row(acceptance);
       d.drafter = true;
+      d.verify_ms = feature_verify_ms;
       d.draft_ms = draft_ms;
       time_requests(d, [&] { return generate_speculative(model, *state, &pair, prompt, options, spec); });
       results.push_back(d);
@@ -457,6 +484,7 @@ void run_bench(const BenchArgs& args) {
         if (r.drafter) {
           entry["draft_ms"] = r.draft_ms;
           entry["median_draft_ms"] = draft_ms;
+          entry["drafter_context"] = r.drafter_context;
         }
         entry["median_rest_ms"] = step_ms - verify_ms - draft_ms;
       }

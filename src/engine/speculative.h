@@ -1,9 +1,9 @@
-// Speculative generation (DESIGN.md "The speculative step"): per step the drafter (or an oracle list)
-// proposes K tokens after the bonus token, the target verifies [bonus, d1..dK] in one pass, the longest
-// accepted prefix plus one target token are emitted, and the target's state is committed over exactly the
-// emitted tokens. Greedy output equals generate()'s token for token; with sampling each emitted token has the
-// distribution plain sampling gives it (drafts are a deterministic proposal: d is accepted with probability
-// p(d), else the token is drawn from p without d).
+// Speculative generation (DESIGN.md "The speculative step"): per step the drafter (or an oracle list, which
+// takes the place of a drafter's proposals when both are given) proposes K tokens after the bonus token, the
+// target verifies [bonus, d1..dK] in one pass, the longest accepted prefix plus one target token are emitted,
+// and the target's state is committed over exactly the emitted tokens. Greedy output equals generate()'s
+// token for token; with sampling each emitted token has the distribution plain sampling gives it (drafts are
+// a deterministic proposal: d is accepted with probability p(d), else the token is drawn from p without d).
 #pragma once
 
 #include <cstdint>
@@ -43,8 +43,8 @@ int drafts_per_step(const DFlashModel* drafter, const SpeculativeOptions& spec);
 // Like generate(): on_token gets every emitted id in order (returning false stops after it), stop ids and
 // max_tokens are honoured inside an accepted block, and the target state ends having consumed the prompt and
 // every emitted token but the last (the drafter state likewise). `drafter` may be null when
-// spec.oracle_drafts is set (else the drafter runs with the oracle's drafts in place of its own). Throws
-// Error naming the option on bad input.
+// spec.oracle_drafts is set; when both are given, the drafter runs every step but the oracle's drafts replace
+// its own. Throws Error naming the option on bad input.
 GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, const Drafter* drafter,
                                       std::span<const int32_t> prompt, const GenerationOptions& options,
                                       const SpeculativeOptions& spec, const TokenCallback& on_token = {});

@@ -117,7 +117,8 @@ class Qwen35Model {
   struct GraphKey {
     uint64_t state_id;
     Step step;
-    int64_t tokens, logit_rows;
+    int64_t tokens, logit_rows;  // Step::Commit: tokens is the pending buffers' capacity (the count is read
+                                 // on the device)
     std::vector<int> hidden_layers;
     auto operator<=>(const GraphKey&) const = default;
   };

@@ -135,8 +135,10 @@ std::vector<std::vector<float>> gdn_states(Backend& backend, const Qwen35State& 
   return states;
 }
 
-// Verify steps of 16 rows committed at 1..16 rows, twice over (the second pass replays recorded step graphs):
-// the GPU's GDN states track the CPU's, and the next token's logits agree.
+// Verify steps committed at every count: blocks of 8 rows (commits 1..8), then of 16 (1..16, the pending
+// buffers grown after the commit was recorded), again of 16 (replays of the recorded steps and of the one
+// recorded commit) and of 5 (shorter than the buffers the commit was recorded on): the GPU's GDN states
+// track the CPU's, and the next token's logits agree.
 TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
   for (const fs::path& dir : fixture_dirs("qwen35", "config.json")) {
     LoadedModel cpu = LoadedModel::open(dir.string(), "cpu");
@@ -153,14 +155,15 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
     ForwardOptions verify;
     verify.all_logits = true;
     verify.advance = false;
-    for (int pass = 0; pass < 2; ++pass)
-      for (int rows = 1; rows <= 16; ++rows) {
-        std::vector<int32_t> block(16);
+    for (int block_rows : {8, 16, 16, 5})
+      for (int rows = 1; rows <= block_rows; ++rows) {
+        std::vector<int32_t> block(static_cast<size_t>(block_rows));
         for (int32_t& t : block) t = token(rng);
         const auto before = gdn_states(*gpu.backend, *gpu_state);
         const ForwardOutput gpu_out = gpu.model->forward(*gpu_state, block, verify);
         const ForwardOutput cpu_out = cpu.model->forward(*cpu_state, block, verify);
-        const std::string label = fmt::format("{} pass {} commit {}", dir.filename().string(), pass, rows);
+        const std::string label =
+            fmt::format("{} block {} commit {}", dir.filename().string(), block_rows, rows);
         expect_close("verify", label + " logits", read_all(*gpu.backend, gpu_out.logits),
                      read_all(*cpu.backend, cpu_out.logits), tolerance);
         EXPECT_EQ(gdn_states(*gpu.backend, *gpu_state), before)

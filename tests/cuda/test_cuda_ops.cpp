@@ -1743,14 +1743,37 @@ TEST(CudaOps, GdnCommitRowsOnDevice) {
                  b.read_gpu(prefix_conv_state.gpu()), kExact);
     expect_close("gdn_commit", label + ": recurrent state vs the prefix's", b.read_gpu(state.gpu()),
                  b.read_gpu(prefix_state.gpu()), kExact);
-    if (accepted > 0)
+    if (accepted > 0) {
       EXPECT_NE(b.read_gpu(state.gpu()), b.read_gpu(in.fresh_state().gpu())) << label << ": nothing replayed";
+    }
     const TensorPair cpu_rows = b.indices({static_cast<int32_t>(accepted)});
     const GdnCommitLayer cpu_layer = layer_of(conv_state, state, kPending, false);
     b.cpu().gdn_commit({&cpu_layer, 1}, shape, cpu_rows.cpu());
     compare("gdn_commit", label + ": conv state vs CPU", conv_state, kExact);
     compare("gdn_commit", label + ": recurrent state vs CPU", state, kRecurrentGdnTolerance);
   }
+  // A state the recurrence kernel does not take (a row stride of 129 floats) is refused with a count on the
+  // device before anything runs, naming the layer; the general kernel took it only with a count on the host.
+  const std::vector<float> wide =
+      random_floats(rng, size_t(in.state_rows() * (shape.value_head_dim + 1)), -1, 1);
+  const TensorPair padded = b.activation(in.state_rows(), shape.value_head_dim + 1, wide);
+  const TensorPair conv_state = b.activation(channels, kKernel - 1, history), rows = b.indices({3});
+  const GdnCommitLayer layer{conv_state.gpu(),
+                             conv_input.gpu().cols_view(0, channels),
+                             padded.gpu().cols_view(0, shape.value_head_dim),
+                             in.qkv.gpu(),
+                             in.beta.gpu(),
+                             in.g.gpu()};
+  try {
+    b.gpu().gdn_commit({&layer, 1}, shape, rows.gpu());
+    FAIL() << "a state of stride 129 was committed with a count on the device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gdn_commit: with rows on the device, layers[0].recurrent_state"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_close("gdn_commit", "refused commit: the padded state is untouched", b.read_gpu(padded.gpu()), wide,
+               kExact);
 }
 
 // gdn_commit (the states of many layers in one launch, no outputs) against the CPU op, and against the CUDA

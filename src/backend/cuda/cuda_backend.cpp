@@ -477,11 +477,18 @@ class CudaBackend final : public Backend {
     if (shape.key_head_dim > kGdnRecurrentMaxKeyDim)
       fail("gdn_commit: key_head_dim {} is above the CUDA backend's {}", shape.key_head_dim,
            kGdnRecurrentMaxKeyDim);
+    // Checked before any launch: a refusal after the first 24 layers' launch would leave a partial commit.
+    if (!rows.empty())
+      for (size_t i = 0; i < layers.size(); ++i)
+        if (!gdn_commit_takes_row_count(layers[i].recurrent_state, shape.key_head_dim, shape.value_head_dim))
+          fail(
+              "gdn_commit: with rows on the device, layers[{}].recurrent_state must be 16-byte aligned with "
+              "a "
+              "stride and value_head_dim ({}) that are multiples of 4, and key_head_dim ({}) at most 128",
+              i, shape.value_head_dim, shape.key_head_dim);
     check_cuda(launch_gdn_commit(layers.data(), layers.size(), rows.ptr<const int32_t>(), shape.num_key_heads,
                                  shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, stream()),
-               rows.empty() ? "gdn_commit"
-                            : "gdn_commit (with rows on the device, every recurrent_state 16-byte aligned, "
-                              "stride and value_head_dim multiples of 4)");
+               "gdn_commit");
   }
 
   void argmax(const Tensor& out_ids, const Tensor& logits) override {

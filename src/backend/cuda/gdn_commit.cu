@@ -71,6 +71,11 @@ __global__ void __launch_bounds__(gdn::kThreads)
 
 }  // namespace
 
+bool gdn_commit_takes_row_count(const Tensor& recurrent_state, int key_head_dim, int value_head_dim) {
+  return gdn::recurrence_fits(recurrent_state.ptr<const float>(), recurrent_state.stride, key_head_dim,
+                              value_head_dim);
+}
+
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
                               int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream) {

@@ -190,9 +190,11 @@ bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, co
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWeights& w,
                              const GdnShape& shape, float eps, bool update_state, cudaStream_t stream);
 
-// gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers); a layer whose state
-// gdn_recurrence.cuh does not take runs gated_delta_rule's general kernel (only without accepted_rows: the
-// first *accepted_rows rows, clamped, or all when null). Conv kernel sizes <= kMaxConvKernel.
+// gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers). accepted_rows: a
+// device I32 scalar, the count of rows accepted (clamped to [0, T]); null: all T. A layer whose state
+// gdn_recurrence.cuh does not take (gdn_commit_takes_row_count false) runs gated_delta_rule's general kernel,
+// only without accepted_rows (else cudaErrorNotSupported). Conv kernel sizes <= kMaxConvKernel.
+bool gdn_commit_takes_row_count(const Tensor& recurrent_state, int key_head_dim, int value_head_dim);
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
                               int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream);
