@@ -122,6 +122,45 @@ TEST_P(SpeculativeLossless, RandomDrafter) {
   }
 }
 
+// A drafter whose head is a W4A16 g32 copy of the target's (DraftHead::W4A16): the output stays plain
+// greedy's, and a draft step's logits are the target head's up to the copy's rounding, not equal to them.
+// The bound is loose (up to ~15% of the logits' range on these random weights, whose groups are flat); the
+// rounding itself is Int4Quantize's test.
+TEST_P(SpeculativeLossless, RandomDrafterWithAQuantizedHead) {
+  testing_support::TempDir dir;
+  write_synthetic_drafter(dir.str(), speculative_testing::drafter_config_for(model().config()), 5);
+  TensorStore store = TensorStore::open_dir(dir.str());
+  DFlashModel exact(DFlashConfig::load(dir.str()), store, model(), GetParam().string());
+  DFlashModel quantized(DFlashConfig::load(dir.str()), store, model(), GetParam().string(), DraftHead::W4A16);
+  const GenerationOptions options = greedy(40);
+  auto state = model().new_state(int(prompt_.size()) + options.max_tokens);
+  auto draft_state = quantized.new_state(state->max_context);
+  const Drafter pair{quantized, *draft_state};
+  EXPECT_EQ(generate_speculative(model(), *state, &pair, prompt_, options, SpeculativeOptions{}).tokens,
+            plain(options));
+
+  Backend& backend = *loaded_.backend;
+  auto logits_of = [&](DFlashModel& drafter) {
+    auto target_state = model().new_state(int(prompt_.size()) + 16);
+    auto context = drafter.new_state(target_state->max_context);
+    ForwardOptions features;
+    features.hidden_layers = drafter.config().target_layer_ids;
+    drafter.add_context(*context, model().forward(*target_state, prompt_, features).hidden);
+    const Tensor logits = drafter.draft(*context, prompt_.back(), 0).logits;
+    std::vector<float> values(size_t(logits.numel()));
+    backend.read(values.data(), logits);
+    return values;
+  };
+  const std::vector<float> want = logits_of(exact), got = logits_of(quantized);
+  float range = 0.0f, error = 0.0f;
+  for (size_t i = 0; i < want.size(); ++i) {
+    range = std::max(range, std::fabs(want[i]));
+    error = std::max(error, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_GT(error, 0.0f);
+  EXPECT_LT(error, 0.25f * range);
+}
+
 // Oracle drafts with a drafter too: the drafter runs every step (for timing) but the oracle's drafts are
 // verified, so the output, drafts and accepted counts are those of the oracle alone, and the drafter's
 // context follows the target's.

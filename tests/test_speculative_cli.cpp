@@ -59,6 +59,11 @@ TEST(SpeculativeCli, OracleAndDrafterGiveThePlainTokensAndRecordSteps) {
   ASSERT_EQ(with_drafter.exit_code, 0) << with_drafter.err;
   EXPECT_EQ(tokens_of(with_drafter), expected);
   EXPECT_EQ(nlohmann::json::parse(with_drafter.out).at("steps")[0]["drafts"].size(), 15u);
+
+  const testing_support::CommandResult quantized_head =
+      generate("--draft-model " + kDrafter + " --draft-head w4a16");
+  ASSERT_EQ(quantized_head.exit_code, 0) << quantized_head.err;
+  EXPECT_EQ(tokens_of(quantized_head), expected);
 }
 
 TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
@@ -87,6 +92,11 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
     EXPECT_EQ(run.exit_code, 1) << c.flags << "\n" << run.err;
     EXPECT_NE(run.err.find(c.message), std::string::npos) << c.flags << "\n" << run.err;
   }
+  // A value outside the option's choices is a usage error (CLI11's exit status), named with what it expects.
+  const testing_support::CommandResult head = generate("--draft-model " + kDrafter + " --draft-head fp8");
+  EXPECT_NE(head.exit_code, 0);
+  EXPECT_NE(head.err.find("--draft-head: expected target or w4a16, got 'fp8'"), std::string::npos)
+      << head.err;
 }
 
 // qspec bench with a drafter and the end-to-end protocol at tiny sizes: the draft and commit steps are

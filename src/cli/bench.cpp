@@ -47,6 +47,7 @@ struct BenchArgs {
   std::string commit;
   bool no_graphs = false;
   std::string draft_model;
+  DraftHead draft_head = DraftHead::Target;
   int draft_window = 0;
   bool e2e = false;
   std::vector<int> e2e_prompts = {64, 2048,
@@ -358,7 +359,7 @@ void run_bench(const BenchArgs& args) {
   if (!args.draft_model.empty()) {
     // The draft step over a context of args.context tokens, and the commit (GDN replay) of a whole verify
     // step.
-    drafter.emplace(LoadedDrafter::open(args.draft_model, loaded, args.model_dir));
+    drafter.emplace(LoadedDrafter::open(args.draft_model, loaded, args.model_dir, args.draft_head));
     drafter->model->set_step_graphs(!args.no_graphs);
     const DFlashConfig& dc = drafter->model->config();
     auto draft_state = drafter->model->new_state(state->max_context);
@@ -530,6 +531,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--draft-model", args->draft_model,
                   "DFlash drafter: also time the draft step and the commit, and with --e2e each "
                   "acceptance length again with the drafter running every step");
+  add_draft_head_option(*cmd, args->draft_head);
   cmd->add_option("--draft-window", args->draft_window, "drafter sliding window for the draft step (0: off)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag(

@@ -35,6 +35,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   // Speculative decoding: a drafter and/or an oracle list of drafts.
   std::string draft_model;
+  DraftHead draft_head = DraftHead::Target;
   std::string draft_oracle;
   SpeculativeOptions spec;
 };
@@ -83,7 +84,7 @@ void run_generate(const GenerateArgs& args) {
   std::optional<LoadedDrafter> drafter;
   std::unique_ptr<DFlashState> draft_state;
   if (!args.draft_model.empty()) {
-    drafter = LoadedDrafter::open(args.draft_model, loaded, args.run.model_dir);
+    drafter = LoadedDrafter::open(args.draft_model, loaded, args.run.model_dir, args.draft_head);
     draft_state = drafter->model->new_state(context);
   }
   SpeculativeOptions spec = args.spec;
@@ -172,6 +173,7 @@ void register_generate(CLI::App& app) {
       "--json", args->json,
       "print one JSON object (with \"text\" when there is a tokenizer, \"steps\" when speculative)");
   cmd->add_option("--draft-model", args->draft_model, "DFlash drafter directory: speculative decoding");
+  add_draft_head_option(*cmd, args->draft_head);
   cmd->add_option("--spec-tokens", args->spec.spec_tokens,
                   "drafts per step (default: the drafter's block size - 1, or 15 with --draft-oracle alone)")
       ->check(CLI::PositiveNumber);

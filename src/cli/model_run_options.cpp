@@ -39,4 +39,23 @@ void add_backend_options(CLI::App& command, std::string& backend, BackendOptions
       ->default_str("on");
 }
 
+void add_draft_head_option(CLI::App& command, DraftHead& head) {
+  command
+      .add_option_function<std::string>(
+          "--draft-head",
+          [&head](const std::string& value) {
+            head = value == "w4a16" ? DraftHead::W4A16 : DraftHead::Target;
+          },
+          "the drafter's head: the target's own, or w4a16, a W4A16 g32 copy of a dense target head made at "
+          "load (a quarter of the bytes a draft step reads from it; drafts may differ, outputs do not)")
+      ->check(CLI::Validator(
+          [](const std::string& value) {
+            return value == "target" || value == "w4a16" ? std::string()
+                                                         : "expected target or w4a16, got '" + value + "'";
+          },
+          ""))
+      ->type_name("target|w4a16")
+      ->default_str("target");
+}
+
 }  // namespace qspec::cli

@@ -7,6 +7,7 @@
 #include "backend/ops.h"
 #include "engine/generator.h"
 #include "engine/sampler.h"
+#include "model/dflash.h"
 
 namespace CLI {
 class App;
@@ -31,5 +32,9 @@ void add_model_run_options(CLI::App& command, ModelRunOptions& options);
 
 // Registers --backend and --bf16-copies on `command`; `backend` and `options` must outlive the parse.
 void add_backend_options(CLI::App& command, std::string& backend, BackendOptions& options);
+
+// Registers --draft-head target|w4a16 (the draft step's head, model/dflash.h) on `command`; `head` must
+// outlive the parse.
+void add_draft_head_option(CLI::App& command, DraftHead& head);
 
 }  // namespace qspec::cli

@@ -74,6 +74,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--model", options->model.model_dir, "checkpoint directory")->required();
   cmd->add_option("--draft-model", options->model.draft_model_dir,
                   "DFlash drafter directory (speculative decoding)");
+  add_draft_head_option(*cmd, options->model.draft_head);
   cmd->add_option("--spec-tokens", options->model.speculative.spec_tokens,
                   "drafts per step with --draft-model (default: the drafter's block size - 1)")
       ->check(CLI::PositiveNumber);

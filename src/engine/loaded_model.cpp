@@ -30,11 +30,12 @@ LoadedModel LoadedModel::open(const std::string& dir, const std::string& backend
 }
 
 LoadedDrafter LoadedDrafter::open(const std::string& dir, const LoadedModel& target,
-                                  const std::string& target_dir) {
+                                  const std::string& target_dir, DraftHead head) {
   LoadedDrafter loaded;
   DFlashConfig config = DFlashConfig::load(dir);
   loaded.store = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
-  loaded.model = std::make_unique<DFlashModel>(std::move(config), *loaded.store, *target.model, target_dir);
+  loaded.model =
+      std::make_unique<DFlashModel>(std::move(config), *loaded.store, *target.model, target_dir, head);
   return loaded;
 }
 

@@ -29,7 +29,8 @@ struct LoadedDrafter {
 
   // Throws Error naming the drafter's directory, file or field (or the mismatch with the target at
   // target_dir).
-  static LoadedDrafter open(const std::string& dir, const LoadedModel& target, const std::string& target_dir);
+  static LoadedDrafter open(const std::string& dir, const LoadedModel& target, const std::string& target_dir,
+                            DraftHead head = DraftHead::Target);
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options);

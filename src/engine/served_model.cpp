@@ -16,7 +16,8 @@ std::optional<LoadedDrafter> open_drafter(const ServedModelOptions& options, con
       fail("--spec-tokens and --draft-window need --draft-model");
     return std::nullopt;
   }
-  LoadedDrafter drafter = LoadedDrafter::open(options.draft_model_dir, target, options.model_dir);
+  LoadedDrafter drafter =
+      LoadedDrafter::open(options.draft_model_dir, target, options.model_dir, options.draft_head);
   drafts_per_step(drafter.model.get(), spec);
   return drafter;
 }

@@ -19,7 +19,8 @@ namespace qspec {
 
 struct ServedModelOptions {
   std::string model_dir;
-  std::string draft_model_dir;     // empty: plain decoding
+  std::string draft_model_dir;  // empty: plain decoding
+  DraftHead draft_head = DraftHead::Target;
   SpeculativeOptions speculative;  // spec_tokens and draft_window, with a drafter only
   std::string tokenizer_dir;       // empty: the model directory's own tokenizer, if any
   std::string backend = "cpu";

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <string>
 
+#include "backend/cpu/weight_values.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "io/safetensors.h"
+#include "model/int4_quantize.h"
 #include "model/weight_upload.h"
 
 namespace qspec {
@@ -84,7 +87,7 @@ struct DFlashModel::Workspace {
 };
 
 DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qwen35Model& target,
-                         const std::string& target_dir)
+                         const std::string& target_dir, DraftHead head)
     : config_(std::move(config)),
       backend_(target.backend()),
       target_(target.weights()),
@@ -92,6 +95,7 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
       graphs_(target.backend(), kMaxStepGraphs) {
   config_.check_target(target.config(), target_dir);
   weights_ = load_weights(config_, store, backend_);
+  head_ = head == DraftHead::W4A16 && !target_.lm_head.quantized() ? quantized_head() : target_.lm_head;
   const DFlashConfig& c = config_;
   const int64_t B = c.block_size, H = c.hidden_size, FF = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_heads) * c.head_dim, kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
@@ -111,6 +115,42 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
   make(ws.mlp_out, H);
   ws.logits = backend_.alloc(DType::F32, B - 1, c.vocab_size);
   ws.draft_ids = backend_.alloc(DType::I32, B - 1, 1);
+}
+
+LinearWeight DFlashModel::quantized_head() {
+  const Tensor& dense = target_.lm_head.weight;
+  const int64_t rows = dense.rows, cols = dense.cols;
+  if (cols % kDraftHeadGroupSize != 0)
+    fail("--draft-head w4a16: the target's head has {} columns, expected a multiple of {}", cols,
+         kDraftHeadGroupSize);
+  head_packed_ = backend_.alloc(DType::I32, rows, cols / 8);
+  head_scales_ = backend_.alloc(DType::BF16, rows, cols / kDraftHeadGroupSize);
+  // A slice of rows at a time: read back, widened to F32, quantized, written into the copy.
+  constexpr int64_t kSliceRows = 4096;
+  const size_t value_bytes = dtype_size(dense.dtype);
+  std::vector<uint8_t> raw(size_t(std::min(rows, kSliceRows) * cols) * value_bytes);
+  std::vector<float> values(size_t(std::min(rows, kSliceRows) * cols));
+  std::vector<uint32_t> packed(values.size() / 8);
+  std::vector<uint16_t> scales(values.size() / kDraftHeadGroupSize);
+  Progress progress("quantizing the draft head", rows, "rows");
+  for (int64_t first = 0; first < rows; first += kSliceRows) {
+    const int64_t count = std::min(kSliceRows, rows - first);
+    backend_.read(raw.data(), dense.rows_view(first, count));
+    const Tensor slice{dense.dtype, count, cols, cols, raw.data()};
+    for (int64_t r = 0; r < count; ++r) cpu::weight_row(slice, r, values.data() + r * cols);
+    quantize_int4_rows(values.data(), count, cols, kDraftHeadGroupSize, packed.data(), scales.data());
+    backend_.write_packed_int4(head_packed_->tensor().rows_view(first, count), packed.data());
+    backend_.write(head_scales_->tensor().rows_view(first, count), scales.data());
+    progress.advance(count);
+  }
+  progress.finish();
+  LinearWeight head;
+  head.out_features = rows;
+  head.in_features = cols;
+  head.packed = head_packed_->tensor();
+  head.scales = head_scales_->tensor();
+  head.group_size = kDraftHeadGroupSize;
+  return head;
 }
 
 DFlashModel::~DFlashModel() = default;
@@ -263,7 +303,7 @@ void DFlashModel::draft_step(DFlashState& state) {
     backend_.add_rmsnorm(normed, h, ws.mlp_out->tensor(), next_norm, c.rms_norm_eps, false);
   }
   // Slot j (1..B-1) predicts the token at position start + j; slot 0 (the bonus) predicts nothing.
-  backend_.linear(ws.logits->tensor(), normed.rows_view(1, B - 1), target_.lm_head);
+  backend_.linear(ws.logits->tensor(), normed.rows_view(1, B - 1), head_);
   backend_.argmax(ws.draft_ids->tensor(), ws.logits->tensor());
 }
 

@@ -18,6 +18,14 @@ namespace qspec {
 
 class TensorStore;
 
+// The head a draft step's logits come from: the target's own (the published drafter's, and the default), or
+// a W4A16 g32 copy of a dense target head quantized at load by round to nearest (model/int4_quantize.h). The
+// copy reads a quarter of the BF16 head's bytes, the largest read of a draft step; its drafts can differ
+// where the head's rounding moves an argmax, which changes acceptance, never the output (the target
+// verifies).
+enum class DraftHead { Target, W4A16 };
+inline constexpr int kDraftHeadGroupSize = 32;
+
 struct DFlashLayer {
   Tensor input_norm, post_attention_norm;  // plain weights (Qwen3 RMSNorm: w * x_hat)
   StackedLinear qkv_proj;                  // [q_proj | k_proj | v_proj], the block's projections
@@ -60,7 +68,7 @@ class DFlashModel {
   // Loads the drafter's weights from `store` onto the target's backend; throws Error when the drafter does
   // not fit `target` (config.check_target) or a tensor is missing or misshapen.
   DFlashModel(DFlashConfig config, const TensorStore& store, const Qwen35Model& target,
-              const std::string& target_dir);
+              const std::string& target_dir, DraftHead head = DraftHead::Target);
   ~DFlashModel();
 
   const DFlashConfig& config() const { return config_; }
@@ -97,11 +105,15 @@ class DFlashModel {
   void context_step(DFlashState& state, std::span<const Tensor> features, int64_t rows);
   void draft_step(DFlashState& state);
   void mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out);
+  // DraftHead::W4A16: the target's dense head quantized into head_packed_ / head_scales_.
+  LinearWeight quantized_head();
 
   DFlashConfig config_;
   Backend& backend_;
   const Qwen35Weights& target_;  // embedding and head
   DFlashWeights weights_;
+  std::unique_ptr<Buffer> head_packed_, head_scales_;  // DraftHead::W4A16's copy of the target's head
+  LinearWeight head_;                                  // the draft step's: the target's or that copy
   std::unique_ptr<Workspace> ws_;
 
   static constexpr size_t kMaxStepGraphs = 64;

@@ -274,6 +274,36 @@ TEST(CudaDFlash, DrafterStepGraphsEqualDirectOps) {
   }
 }
 
+// A drafter with a W4A16 g32 copy of the target's head (DraftHead::W4A16, quantized on the host from each
+// backend's own head, so the same words): the GPU's draft logits against the CPU's, three steps, under the
+// model tolerance of op_check.h (the head is a W4A16 linear of 15 rows on the GPU).
+TEST(CudaDFlash, QuantizedDraftHeadMatchesCpu) {
+  for (const fs::path& dir : fixture_dirs("dflash", "oracle.safetensors")) {
+    const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "oracle.json"));
+    const std::string target_dir =
+        (fixtures_root() / "qwen35" / fs::path(meta.at("target").get<std::string>()).filename()).string();
+    LoadedModel cpu = LoadedModel::open(target_dir, "cpu"), gpu = LoadedModel::open(target_dir, "cuda");
+    LoadedDrafter cpu_drafter = LoadedDrafter::open(dir.string(), cpu, target_dir, DraftHead::W4A16);
+    LoadedDrafter gpu_drafter = LoadedDrafter::open(dir.string(), gpu, target_dir, DraftHead::W4A16);
+    auto cpu_state = cpu.model->new_state(64), gpu_state = gpu.model->new_state(64);
+    auto cpu_draft = cpu_drafter.model->new_state(64), gpu_draft = gpu_drafter.model->new_state(64);
+    ForwardOptions features;
+    features.logits = false;
+    features.hidden_layers = cpu_drafter.model->config().target_layer_ids;
+    const double tolerance = model_tolerance(true);
+    const std::vector<int32_t> tokens = {3, 14, 15, 9, 2, 6};
+    for (size_t step = 0; step < 3; ++step) {
+      const std::span<const int32_t> pair(tokens.data() + 2 * step, 2);
+      cpu_drafter.model->add_context(*cpu_draft, cpu.model->forward(*cpu_state, pair, features).hidden);
+      gpu_drafter.model->add_context(*gpu_draft, gpu.model->forward(*gpu_state, pair, features).hidden);
+      expect_close(
+          "dflash", fmt::format("{} step {} draft logits, W4A16 head", dir.filename().string(), step),
+          read_all(*gpu.backend, gpu_drafter.model->draft(*gpu_draft, pair.back(), 0).logits),
+          read_all(*cpu.backend, cpu_drafter.model->draft(*cpu_draft, pair.back(), 0).logits), tolerance);
+    }
+  }
+}
+
 // Oracle drafts forcing acceptance lengths 0..15 on the GPU (verify and commit step graphs): the output is
 // the GPU's plain greedy output.
 TEST(CudaDFlash, SpeculativeGreedyEqualsPlainGreedy) {
