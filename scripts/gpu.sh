@@ -72,13 +72,16 @@ run_on_gpu() {
       --out "$OUT/records" 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
   fi
   # Speculative decoding on the W4A16 target: the DFlash drafter's layout (W4A16 g128), the draft and commit
-  # steps, then the competition protocol at oracle acceptance lengths, without and with the drafter running.
+  # steps, then the competition protocol at oracle acceptance lengths, without and with the drafter running;
+  # the draft step again with the drafter's W4A16 copy of the head (--draft-head w4a16).
   local spec_status=0
   local target=$STEP_TARGET drafter=$STEP_DRAFTER
   if [ -d "$target" ]; then
     { "$BUNDLE/qspec" synth --arch dflash-qwen3.5-4b --format w4a16-g128 --out "$drafter" &&
       "$BUNDLE/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" --prefill 64 --e2e \
-        --acceptance 1,4,8,16 --e2e-runs "${QSPEC_E2E_RUNS:-5}" --out "$OUT/records"; } 2>&1 |
+        --acceptance 1,4,8,16 --e2e-runs "${QSPEC_E2E_RUNS:-5}" --out "$OUT/records" &&
+      "$BUNDLE/qspec" bench --model "$target" --backend cuda --draft-model "$drafter" --draft-head w4a16 \
+        --prefill 64 --out "$OUT/records"; } 2>&1 |
     tee "$OUT/spec.log" || spec_status=$?
   fi
   # Where the step time goes, kernel by kernel (Nsight Compute; QSPEC_PROFILE=0 skips it).
