@@ -4,6 +4,24 @@
 
 namespace qspec::cli {
 
+namespace {
+
+// Refuses any value but `first` and `second` (CLI11 would also take true, yes, 1 and the like for a bool:
+// one spelling of each is enough), and names both in the option's help.
+void accept_one_of(CLI::Option& option, const std::string& first, const std::string& second) {
+  option
+      .check(CLI::Validator(
+          [first, second](const std::string& value) {
+            return value == first || value == second
+                       ? std::string()
+                       : "expected " + first + " or " + second + ", got '" + value + "'";
+          },
+          ""))
+      ->type_name(first + "|" + second);
+}
+
+}  // namespace
+
 void add_model_run_options(CLI::App& command, ModelRunOptions& options) {
   command.add_option("--model", options.model_dir, "checkpoint directory")->required();
   command.add_option("--tokenizer", options.tokenizer_dir,
@@ -24,38 +42,21 @@ void add_model_run_options(CLI::App& command, ModelRunOptions& options) {
 
 void add_backend_options(CLI::App& command, std::string& backend, BackendOptions& options) {
   command.add_option("--backend", backend, "cpu or cuda");
-  command
-      .add_option("--bf16-copies", options.bf16_copies,
-                  "on CUDA, keep a BF16 copy of each W4A16 weight for prefill's products (faster "
-                  "prefill, more memory)")
-      ->check(CLI::Validator(
-          [](const std::string& value) {
-            // CLI11 would also take true, yes, 1 and the like for a bool: one spelling is enough.
-            return value == "on" || value == "off" ? std::string()
-                                                   : "expected on or off, got '" + value + "'";
-          },
-          ""))
-      ->type_name("on|off")
-      ->default_str("on");
+  CLI::Option* copies = command.add_option("--bf16-copies", options.bf16_copies,
+                                           "on CUDA, keep a BF16 copy of each W4A16 weight for prefill's "
+                                           "products (faster prefill, more memory)");
+  accept_one_of(*copies, "on", "off");
+  copies->default_str("on");
 }
 
 void add_draft_head_option(CLI::App& command, DraftHead& head) {
-  command
-      .add_option_function<std::string>(
-          "--draft-head",
-          [&head](const std::string& value) {
-            head = value == "w4a16" ? DraftHead::W4A16 : DraftHead::Target;
-          },
-          "the drafter's head: the target's own, or w4a16, a W4A16 g32 copy of a dense target head made at "
-          "load (a quarter of the bytes a draft step reads from it; drafts may differ, outputs do not)")
-      ->check(CLI::Validator(
-          [](const std::string& value) {
-            return value == "target" || value == "w4a16" ? std::string()
-                                                         : "expected target or w4a16, got '" + value + "'";
-          },
-          ""))
-      ->type_name("target|w4a16")
-      ->default_str("target");
+  CLI::Option* option = command.add_option_function<std::string>(
+      "--draft-head",
+      [&head](const std::string& value) { head = value == "w4a16" ? DraftHead::W4A16 : DraftHead::Target; },
+      "the drafter's head: the target's own, or w4a16, a W4A16 g32 copy of a dense target head made at load "
+      "(a quarter of the bytes a draft step reads from it; drafts may differ, outputs do not)");
+  accept_one_of(*option, "target", "w4a16");
+  option->default_str("target");
 }
 
 }  // namespace qspec::cli
