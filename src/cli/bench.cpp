@@ -472,6 +472,7 @@ void run_bench(const BenchArgs& args) {
                               {"median_ms", ms},
                               {"ms", r.ms},
                               {"median_prefill_ms", median(r.prefill_ms)},
+                              {"prefill_ms", r.prefill_ms},
                               {"median_step_ms", step_ms},
                               {"step_ms", r.step_ms},
                               {"drafter", r.drafter}};

@@ -9,6 +9,7 @@
 #include "backend/cpu/weight_values.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/int4_quantize.h"
 #include "model/weight_upload.h"
@@ -137,8 +138,12 @@ LinearWeight DFlashModel::quantized_head() {
     const int64_t count = std::min(kSliceRows, rows - first);
     backend_.read(raw.data(), dense.rows_view(first, count));
     const Tensor slice{dense.dtype, count, cols, cols, raw.data()};
-    for (int64_t r = 0; r < count; ++r) cpu::weight_row(slice, r, values.data() + r * cols);
-    quantize_int4_rows(values.data(), count, cols, kDraftHeadGroupSize, packed.data(), scales.data());
+    ThreadPool::global().parallel_for(size_t(count), [&](size_t begin, size_t end) {
+      const auto r0 = int64_t(begin), rows_here = int64_t(end - begin);
+      for (int64_t r = r0; r < r0 + rows_here; ++r) cpu::weight_row(slice, r, values.data() + r * cols);
+      quantize_int4_rows(values.data() + r0 * cols, rows_here, cols, kDraftHeadGroupSize,
+                         packed.data() + r0 * cols / 8, scales.data() + r0 * (cols / kDraftHeadGroupSize));
+    });
     backend_.write_packed_int4(head_packed_->tensor().rows_view(first, count), packed.data());
     backend_.write(head_scales_->tensor().rows_view(first, count), scales.data());
     progress.advance(count);
