@@ -257,6 +257,30 @@ int run(const char* out_path) {
       results.push_back(entry(fmt::format("linear BF16 M={} N={} K={}", rows, kN, kK), bytes, seconds));
     }
   }
+  // The head [248320, 2560] (the drafter's 15 rows, a decode's 1, a verify's 16): the target's BF16 and the
+  // W4A16 g32 copy of --draft-head w4a16 (each alone is far more than L2).
+  {
+    constexpr int64_t kN = 248320, kK = 2560, kGroup = 32;
+    const LinearWeight bf16{kN, kK, bench.weight(DType::BF16, kN, kK, -0.05f, 0.05f), {}, {}, 0, {}};
+    const LinearWeight w4a16{kN,
+                             kK,
+                             {},
+                             bench.weight(DType::I32, kN, kK / 8, 0, 0),
+                             bench.weight(DType::BF16, kN, kK / kGroup, 0.002f, 0.02f),
+                             static_cast<int>(kGroup),
+                             {}};
+    for (int64_t rows : {1, 15, 16}) {
+      const Tensor x = bench.activation(rows, kK, -1, 1);
+      const Tensor out = bench.activation(rows, kN, -1, 1);
+      const double activation_bytes = 4.0 * static_cast<double>(rows * (kK + kN));
+      const double bf16_seconds = bench.time([&] { backend->linear(out, x, bf16); });
+      results.push_back(entry(fmt::format("head BF16 M={} N={} K={}", rows, kN, kK),
+                              kN * kK * 2.0 + activation_bytes, bf16_seconds));
+      const double w4a16_seconds = bench.time([&] { backend->linear(out, x, w4a16); });
+      results.push_back(entry(fmt::format("head W4A16 g32 M={} N={} K={}", rows, kN, kK),
+                              kN * kK / 2.0 + kN * (kK / kGroup) * 2.0 + activation_bytes, w4a16_seconds));
+    }
+  }
   sweep_linear_mma(bench, results);
   // argmax over the 248,320-wide logits of a decode step (1 row), a draft step (15) and a verify step (16).
   {
