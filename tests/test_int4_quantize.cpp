@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -65,6 +66,31 @@ TEST(Int4Quantize, RoundsToTheGroupGridInTheLinearsLayout) {
   backend->linear(got.view(), x.view(), quantized);
   backend->linear(want.view(), x.view(), dense);
   EXPECT_LE(cpu_test::relative_max_error(got, cpu_test::reference_of(want)), 1e-6);
+}
+
+// Values that are not finite leave the scale to the finite ones: NaN becomes 0, +-Inf a grid end; ties round
+// to even.
+TEST(Int4Quantize, NonFiniteValuesAndTies) {
+  std::vector<float> w(32, 0.0f);
+  w[0] = 7.0f;  // the scale: 1
+  w[1] = std::numeric_limits<float>::quiet_NaN();
+  w[2] = std::numeric_limits<float>::infinity();
+  w[3] = -std::numeric_limits<float>::infinity();
+  w[4] = 2.5f;
+  w[5] = -2.5f;
+  w[6] = 3.5f;
+  std::vector<uint32_t> packed(4);
+  std::vector<uint16_t> scale(1);
+  quantize_int4_rows(w.data(), 1, 32, 32, packed.data(), scale.data());
+  EXPECT_EQ(bf16_to_f32(scale[0]), 1.0f);
+  auto value = [&](int k) { return int((packed[size_t(k / 8)] >> (4 * (k % 8))) & 0xFu) - 8; };
+  EXPECT_EQ(value(0), 7);
+  EXPECT_EQ(value(1), 0);
+  EXPECT_EQ(value(2), 7);
+  EXPECT_EQ(value(3), -8);
+  EXPECT_EQ(value(4), 2);
+  EXPECT_EQ(value(5), -2);
+  EXPECT_EQ(value(6), 4);
 }
 
 }  // namespace

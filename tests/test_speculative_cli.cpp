@@ -92,6 +92,9 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
     EXPECT_EQ(run.exit_code, 1) << c.flags << "\n" << run.err;
     EXPECT_NE(run.err.find(c.message), std::string::npos) << c.flags << "\n" << run.err;
   }
+  const testing_support::CommandResult no_drafter = generate("--draft-head w4a16");
+  EXPECT_EQ(no_drafter.exit_code, 1);
+  EXPECT_NE(no_drafter.err.find("--draft-head needs --draft-model"), std::string::npos) << no_drafter.err;
   // A value outside the option's choices is a usage error (CLI11's exit status), named with what it expects.
   const testing_support::CommandResult head = generate("--draft-model " + kDrafter + " --draft-head fp8");
   EXPECT_NE(head.exit_code, 0);

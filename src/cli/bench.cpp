@@ -146,7 +146,8 @@ double linear_bytes(const LinearWeight& w) {
 }
 
 // The fewest bytes a draft step moves: the drafter's layers and final norm (not the context pass's fc and
-// hidden_norm), the target's head, and every drafter layer's K and V (F32) of `context` tokens and the block.
+// hidden_norm), the head it drafts through (the target's or its W4A16 copy), and every drafter layer's K and
+// V (F32) of `context` tokens and the block.
 double draft_step_bytes(const TensorStore& drafter, const DFlashConfig& dc, const LinearWeight& head,
                         int64_t context) {
   double bytes = linear_bytes(head);
@@ -320,6 +321,8 @@ void run_bench(const BenchArgs& args) {
   for (int a : args.acceptance)
     if (a < 1 || a > kDefaultSpecTokens + 1)
       fail("--acceptance: {} tokens per step, expected 1..{}", a, kDefaultSpecTokens + 1);
+  if (args.draft_model.empty() && args.draft_head != DraftHead::Target)
+    fail("bench: --draft-head needs --draft-model");
   LoadedModel loaded = LoadedModel::open(args.model_dir, args.backend, args.backend_options);
   Qwen35Model& model = *loaded.model;
   model.set_step_graphs(!args.no_graphs);
@@ -368,10 +371,11 @@ void run_bench(const BenchArgs& args) {
     features.logits = false;
     features.hidden_layers = dc.target_layer_ids;
     drafter->model->add_context(*draft_state, model.forward(*state, context, features).hidden);
-    StepResult draft{"draft",
+    const bool quantized_head = drafter->model->head().quantized() && !model.weights().lm_head.quantized();
+    StepResult draft{quantized_head ? "draft (w4a16 head)" : "draft",
                      dc.block_size,
                      {},
-                     draft_step_bytes(*drafter->store, dc, model.weights().lm_head, args.context)};
+                     draft_step_bytes(*drafter->store, dc, drafter->model->head(), args.context)};
     time_step(draft, [&] { drafter->model->draft(*draft_state, 17, args.draft_window); });
     results.push_back(draft);
     const std::vector<int32_t> verify_block(size_t(dc.block_size), 17);
@@ -414,6 +418,8 @@ void run_bench(const BenchArgs& args) {
       {"context", args.context},
       {"repeats", args.repeats},
       {"step_graphs", !args.no_graphs && backend.can_capture()},
+      {"draft_model", args.draft_model},
+      {"draft_head", args.draft_head == DraftHead::W4A16 ? "w4a16" : "target"},
       {"state_context", state->max_context},
       {"state_bytes", state_allocated},
       {"device_memory_in_use_with_state", in_use_with_state},

@@ -71,6 +71,8 @@ void run_generate(const GenerateArgs& args) {
   if (prompts != 1) fail("generate: give exactly one of --prompt-ids, --prompt, --chat");
   if (!speculative(args) && (args.spec.spec_tokens != 0 || args.spec.draft_window != 0))
     fail("generate: --spec-tokens and --draft-window need --draft-model or --draft-oracle");
+  if (args.draft_model.empty() && args.draft_head != DraftHead::Target)
+    fail("generate: --draft-head needs --draft-model");
   // A bad messages file fails before the model is loaded.
   std::optional<ChatInput> chat;
   if (!args.chat_file.empty()) chat = read_chat_input(args.chat_file);

@@ -14,6 +14,7 @@ std::optional<LoadedDrafter> open_drafter(const ServedModelOptions& options, con
   if (options.draft_model_dir.empty()) {
     if (spec.spec_tokens != 0 || spec.draft_window != 0)
       fail("--spec-tokens and --draft-window need --draft-model");
+    if (options.draft_head != DraftHead::Target) fail("--draft-head needs --draft-model");
     return std::nullopt;
   }
   LoadedDrafter drafter =

@@ -1,6 +1,7 @@
 // The DFlash block-diffusion drafter (dflash-system.md §1.3), written once against backend/ops.h. It reads
 // the target's residual stream after its target_layer_ids layers (the context features), and drafts the
-// block [bonus, MASK x (B-1)] in one non-causal pass through the target's embedding and head.
+// block [bonus, MASK x (B-1)] in one non-causal pass through the target's embedding and head (or a W4A16
+// copy of that head: DraftHead).
 #pragma once
 
 #include <cstdint>
@@ -19,12 +20,13 @@ namespace qspec {
 class TensorStore;
 
 // The head a draft step's logits come from: the target's own (the published drafter's, and the default), or
-// a W4A16 g32 copy of a dense target head quantized at load by round to nearest (model/int4_quantize.h). The
-// copy reads a quarter of the BF16 head's bytes, the largest read of a draft step; its drafts can differ
-// where the head's rounding moves an argmax, which changes acceptance, never the output (the target
-// verifies).
+// a W4A16 g32 copy of a dense target head quantized at load by round to nearest (model/int4_quantize.h; a
+// W4A16 target head is used as it is). The copy reads ~28% of the BF16 head's bytes, the largest read of a
+// draft step; its drafts can differ where the head's rounding moves an argmax, which changes acceptance,
+// never the output (the target verifies).
 enum class DraftHead { Target, W4A16 };
 inline constexpr int kDraftHeadGroupSize = 32;
+static_assert(kDraftHeadGroupSize % 8 == 0, "whole packed words per group");
 
 struct DFlashLayer {
   Tensor input_norm, post_attention_norm;  // plain weights (Qwen3 RMSNorm: w * x_hat)
@@ -72,6 +74,8 @@ class DFlashModel {
   ~DFlashModel();
 
   const DFlashConfig& config() const { return config_; }
+  // The head the draft step's logits come from (the target's, or DraftHead::W4A16's copy).
+  const LinearWeight& head() const { return head_; }
   Backend& backend() const { return backend_; }
 
   std::unique_ptr<DFlashState> new_state(int max_context);
@@ -110,7 +114,7 @@ class DFlashModel {
 
   DFlashConfig config_;
   Backend& backend_;
-  const Qwen35Weights& target_;  // embedding and head
+  const Qwen35Weights& target_;  // embedding (and head, unless head_ is a copy)
   DFlashWeights weights_;
   std::unique_ptr<Buffer> head_packed_, head_scales_;  // DraftHead::W4A16's copy of the target's head
   LinearWeight head_;                                  // the draft step's: the target's or that copy

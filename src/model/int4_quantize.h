@@ -9,8 +9,9 @@
 namespace qspec {
 
 // rows x cols values of `w` (row-major) into packed [rows, cols / 8] and scales [rows, cols / group_size]
-// (BF16 bits). Each group's scale is bf16(max |w| / 7) and each value rounds to the nearest step, clamped to
-// -8..7. cols must be a multiple of group_size and group_size of 8 (the caller checks).
+// (BF16 bits). Each group's scale is bf16(max |w| / 7) over its finite values and each value rounds to the
+// nearest step (ties to even), clamped to -8..7; NaN becomes 0 and +-Inf a grid end. cols must be a multiple
+// of group_size and group_size of 8 (the caller checks).
 void quantize_int4_rows(const float* w, int64_t rows, int64_t cols, int group_size, uint32_t* packed,
                         uint16_t* scales);
 

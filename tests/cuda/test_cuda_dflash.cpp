@@ -135,10 +135,9 @@ std::vector<std::vector<float>> gdn_states(Backend& backend, const Qwen35State& 
   return states;
 }
 
-// Verify steps committed at every count: blocks of 8 rows (commits 1..8), then of 16 (1..16, the pending
-// buffers grown after the commit was recorded), again of 16 (replays of the recorded steps and of the one
-// recorded commit) and of 5 (shorter than the buffers the commit was recorded on): the GPU's GDN states
-// track the CPU's, and the next token's logits agree.
+// Verify steps of 16 rows committed at 1..16 rows, twice over (the one commit graph, whose count is read on
+// the device, is recorded at the second commit and replayed from the third): the GPU's GDN states track the
+// CPU's, and the next token's logits agree.
 TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
   for (const fs::path& dir : fixture_dirs("qwen35", "config.json")) {
     LoadedModel cpu = LoadedModel::open(dir.string(), "cpu");
@@ -155,15 +154,14 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
     ForwardOptions verify;
     verify.all_logits = true;
     verify.advance = false;
-    for (int block_rows : {8, 16, 16, 5})
-      for (int rows = 1; rows <= block_rows; ++rows) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (int rows = 1, block_rows = 16; rows <= block_rows; ++rows) {
         std::vector<int32_t> block(static_cast<size_t>(block_rows));
         for (int32_t& t : block) t = token(rng);
         const auto before = gdn_states(*gpu.backend, *gpu_state);
         const ForwardOutput gpu_out = gpu.model->forward(*gpu_state, block, verify);
         const ForwardOutput cpu_out = cpu.model->forward(*cpu_state, block, verify);
-        const std::string label =
-            fmt::format("{} block {} commit {}", dir.filename().string(), block_rows, rows);
+        const std::string label = fmt::format("{} pass {} commit {}", dir.filename().string(), pass, rows);
         expect_close("verify", label + " logits", read_all(*gpu.backend, gpu_out.logits),
                      read_all(*cpu.backend, cpu_out.logits), tolerance);
         EXPECT_EQ(gdn_states(*gpu.backend, *gpu_state), before)
@@ -182,6 +180,42 @@ TEST(CudaDFlash, VerifyAndCommitMatchCpu) {
         read_all(*gpu.backend, gpu.model->forward(*gpu_state, std::span(&next, 1), ForwardOptions{}).logits),
         read_all(*cpu.backend, cpu.model->forward(*cpu_state, std::span(&next, 1), ForwardOptions{}).logits),
         tolerance);
+  }
+}
+
+// The one recorded commit across pending buffers of several sizes: verify blocks of 8 rows (commits 1..8),
+// then of 16 (the buffers grown after the commit was recorded), again of 16 and of 5 (shorter than the
+// buffers it was recorded on), on a model replaying step graphs and one issuing every op directly: the same
+// verify logits and GDN states, bit for bit.
+TEST(CudaDFlash, CommitGraphAcrossBlockSizesEqualsDirectOps) {
+  for (const fs::path& dir : fixture_dirs("qwen35", "config.json")) {
+    LoadedModel graphed = LoadedModel::open(dir.string(), "cuda"),
+                direct = LoadedModel::open(dir.string(), "cuda");
+    direct.model->set_step_graphs(false);
+    std::mt19937 rng(45);
+    std::uniform_int_distribution<int32_t> token(0, graphed.model->config().vocab_size - 1);
+    auto graphed_state = graphed.model->new_state(700), direct_state = direct.model->new_state(700);
+    std::vector<int32_t> prompt(10);
+    for (int32_t& t : prompt) t = token(rng);
+    graphed.model->forward(*graphed_state, prompt, ForwardOptions{});
+    direct.model->forward(*direct_state, prompt, ForwardOptions{});
+    ForwardOptions verify;
+    verify.all_logits = true;
+    verify.advance = false;
+    for (int block_rows : {8, 16, 16, 5})
+      for (int rows = 1; rows <= block_rows; ++rows) {
+        std::vector<int32_t> block(static_cast<size_t>(block_rows));
+        for (int32_t& t : block) t = token(rng);
+        const std::string label =
+            fmt::format("{} block {} commit {}", dir.filename().string(), block_rows, rows);
+        EXPECT_EQ(read_all(*graphed.backend, graphed.model->forward(*graphed_state, block, verify).logits),
+                  read_all(*direct.backend, direct.model->forward(*direct_state, block, verify).logits))
+            << label;
+        graphed.model->commit(*graphed_state, rows);
+        direct.model->commit(*direct_state, rows);
+        EXPECT_EQ(gdn_states(*graphed.backend, *graphed_state), gdn_states(*direct.backend, *direct_state))
+            << label;
+      }
   }
 }
 
@@ -285,6 +319,8 @@ TEST(CudaDFlash, QuantizedDraftHeadMatchesCpu) {
     LoadedModel cpu = LoadedModel::open(target_dir, "cpu"), gpu = LoadedModel::open(target_dir, "cuda");
     LoadedDrafter cpu_drafter = LoadedDrafter::open(dir.string(), cpu, target_dir, DraftHead::W4A16);
     LoadedDrafter gpu_drafter = LoadedDrafter::open(dir.string(), gpu, target_dir, DraftHead::W4A16);
+    ASSERT_TRUE(gpu_drafter.model->head().quantized() && !gpu.model->weights().lm_head.quantized())
+        << dir.filename() << ": the draft head is not the W4A16 copy";
     auto cpu_state = cpu.model->new_state(64), gpu_state = gpu.model->new_state(64);
     auto cpu_draft = cpu_drafter.model->new_state(64), gpu_draft = gpu_drafter.model->new_state(64);
     ForwardOptions features;
