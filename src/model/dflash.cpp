@@ -80,9 +80,10 @@ struct DFlashModel::Workspace {
   // The key of the context step being run, reused so that looking it up allocates nothing.
   GraphKey context_key;
 
-  // Index block `which` (0 ids, 1 positions, 2 key_begin, 3 key_end): I32 [block_size, 1].
+  // Index block `which` (0 ids, 1 positions, 2 key_begin, 3 key_end, 4 key_end - 1): I32 [block_size, 1].
+  static constexpr int kIndexBlocks = 5;
   Tensor block_index(int which) const {
-    const int64_t block = block_indices->tensor().rows / 4;
+    const int64_t block = block_indices->tensor().rows / kIndexBlocks;
     return block_indices->tensor().rows_view(which * block, block);
   }
 };
@@ -104,8 +105,8 @@ DFlashModel::DFlashModel(DFlashConfig config, const TensorStore& store, const Qw
   auto make = [&](std::unique_ptr<Buffer>& b, int64_t cols, DType dtype = DType::F32) {
     b = backend_.alloc(dtype, B, cols);
   };
-  ws.block_indices = backend_.alloc(DType::I32, 4 * B, 1);
-  ws.block_indices_host.resize(size_t(4 * B));
+  ws.block_indices = backend_.alloc(DType::I32, Workspace::kIndexBlocks * B, 1);
+  ws.block_indices_host.resize(size_t(Workspace::kIndexBlocks * B));
   make(ws.h, H);
   make(ws.normed, H);
   make(ws.qkv, q_dim + 2 * kv_dim);
@@ -263,19 +264,22 @@ DraftOutput DFlashModel::draft(DFlashState& state, int32_t bonus, int window) {
   int32_t* positions = ids + B;
   int32_t* begin = positions + B;
   int32_t* end = begin + B;
+  int32_t* last = end + B;
   for (int j = 0; j < B; ++j) {
     const int p = start + j;
     ids[j] = j == 0 ? bonus : c.mask_token_id;
     positions[j] = p;
     begin[j] = windowed ? std::max(0, p - (window - 1)) : 0;
     end[j] = windowed ? std::min(keys, p + window) : keys;
+    last[j] = end[j] - 1;
   }
   backend_.write(ws.block_indices->tensor(), ws.block_indices_host.data());
-  graphs_.run(GraphKey{state.id, Step::Draft, B, {}}, [this, &state] { draft_step(state); });
+  graphs_.run(GraphKey{state.id, windowed ? Step::DraftWindowed : Step::Draft, B, {}},
+              [this, &state, windowed] { draft_step(state, windowed); });
   return {ws.logits->tensor(), ws.draft_ids->tensor()};
 }
 
-void DFlashModel::draft_step(DFlashState& state) {
+void DFlashModel::draft_step(DFlashState& state, bool windowed) {
   const DFlashConfig& c = config_;
   const int B = c.block_size;
   Workspace& ws = *ws_;
@@ -298,8 +302,15 @@ void DFlashModel::draft_step(DFlashState& state) {
     // The block's K/V go after the context (rows start..start+B-1); the next context overwrites them.
     backend_.attention_prologue(q, Tensor{}, qkv, layer.q_norm, layer.k_norm, cache.k_cache->tensor(),
                                 cache.v_cache->tensor(), pos, prologue);
-    backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(), ws.block_index(2),
-                                ws.block_index(3), shape);
+    // Without a window every query sees keys 0..start+B-1: the causal attention op with each row's last key
+    // as its position, whose kernels split the keys over blocks and read each key once for all 16 rows and
+    // the heads sharing it (the windowed op reads them once per row and head: 3 ms a draft step at 8k
+    // context on the H200).
+    if (windowed)
+      backend_.windowed_attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(),
+                                  ws.block_index(2), ws.block_index(3), shape);
+    else
+      backend_.attention(attn, q, cache.k_cache->tensor(), cache.v_cache->tensor(), ws.block_index(4), shape);
     backend_.linear(ws.mixer_out->tensor(), attn, layer.o_proj);
     backend_.add_rmsnorm(normed, h, ws.mixer_out->tensor(), layer.post_attention_norm, c.rms_norm_eps, false);
     mlp(layer, normed, ws.mlp_out->tensor());

@@ -96,7 +96,7 @@ class DFlashModel {
 
  private:
   struct Workspace;
-  enum class Step { Context, Draft };
+  enum class Step { Context, Draft, DraftWindowed };
   // A step's shape and state, and the data of the tensors it reads from outside the model (the features).
   struct GraphKey {
     uint64_t state_id;
@@ -107,7 +107,7 @@ class DFlashModel {
   };
   void ensure_context_rows(int64_t rows);
   void context_step(DFlashState& state, std::span<const Tensor> features, int64_t rows);
-  void draft_step(DFlashState& state);
+  void draft_step(DFlashState& state, bool windowed);
   void mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out);
   // DraftHead::W4A16: the target's dense head quantized into head_packed_ / head_scales_.
   LinearWeight quantized_head();
