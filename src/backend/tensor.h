@@ -23,6 +23,8 @@ struct Tensor {
   bool empty() const { return data == nullptr; }
   bool contiguous() const { return stride == cols || rows <= 1; }
   int64_t numel() const { return rows * cols; }
+  // Bytes of the elements (not counting the padding up to the stride).
+  int64_t element_bytes() const { return numel() * static_cast<int64_t>(dtype_size(dtype)); }
   // Bytes of one row's elements (not counting the padding up to the stride).
   size_t row_bytes() const { return static_cast<size_t>(cols) * dtype_size(dtype); }
 

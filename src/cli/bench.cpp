@@ -141,7 +141,7 @@ double state_bytes(const Qwen35Config& c, int64_t context) {
 double linear_bytes(const LinearWeight& w) {
   double bytes = 0;
   for (const Tensor* t : {&w.weight, &w.packed, &w.scales})
-    if (!t->empty()) bytes += double(t->numel()) * double(dtype_size(t->dtype));
+    if (!t->empty()) bytes += double(t->element_bytes());
   return bytes;
 }
 
@@ -164,8 +164,7 @@ double allocated_state_bytes(const Qwen35State& state) {
     for (const auto* buffer :
          {&layer.k_cache, &layer.v_cache, &layer.conv_state, &layer.recurrent_state, &layer.pending_conv_in,
           &layer.pending_qkv, &layer.pending_beta, &layer.pending_g})
-      if (*buffer)
-        bytes += double((*buffer)->tensor().numel()) * double(dtype_size((*buffer)->tensor().dtype));
+      if (*buffer) bytes += double((*buffer)->tensor().element_bytes());
   return bytes;
 }
 

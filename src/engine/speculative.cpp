@@ -86,11 +86,8 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
   Sampler sampler(options.sampling);
   Backend& backend = target.backend();
   const auto vocab = static_cast<size_t>(config.vocab_size);
-  // With oracle drafts too, the drafter still runs every step (its drafts read back, then replaced), so that
-  // a timed run at a forced acceptance pays for drafting as a real one does.
-  const bool use_drafter = drafter != nullptr;
   const std::vector<int> feature_layers =
-      use_drafter ? drafter->model.config().target_layer_ids : std::vector<int>{};
+      drafter ? drafter->model.config().target_layer_ids : std::vector<int>{};
   // Buffers of the steps, sized here so that a step allocates nothing on the host but its record in
   // result.steps: the verify's argmax ids (greedy) or logits (sampling), the block, the features.
   DeviceArgmax device_argmax(backend, max_drafts + 1);
@@ -101,7 +98,7 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
   features.reserve(feature_layers.size());
   // The drafter's context follows the target: the features of every token the target consumes.
   auto add_context = [&](const ForwardOutput& out, int64_t rows) {
-    if (!use_drafter) return;
+    if (!drafter) return;
     features.clear();
     for (const Tensor& h : out.hidden) features.push_back(h.rows_view(0, rows));
     drafter->model.add_context(drafter->state, features);
@@ -110,7 +107,7 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
   auto start = std::chrono::steady_clock::now();
   ForwardOutput out =
       prefill(target, state, prompt, options, feature_layers, [&](const ForwardOutput& chunk) {
-        if (use_drafter) add_context(chunk, chunk.hidden.front().rows);
+        if (drafter) add_context(chunk, chunk.hidden.front().rows);  // no features without one
       });
   int32_t bonus = next_token(sampler, device_argmax, backend, out.logits);
   result.prefill_seconds = seconds_since(start);
@@ -138,7 +135,9 @@ GenerationResult generate_speculative(Qwen35Model& target, Qwen35State& state, c
     const int emitted = int(result.tokens.size());
     int count = std::min(max_drafts, options.max_tokens - emitted);
     block.assign(1, bonus);
-    if (use_drafter) {
+    // With oracle drafts too, the drafter still runs every step (its drafts read back, then replaced), so
+    // that a timed run at a forced acceptance pays for drafting as a real one does.
+    if (drafter) {
       // Greedy drafts, chosen on the device: only their ids are read back.
       const DraftOutput draft = drafter->model.draft(drafter->state, bonus, spec.draft_window);
       block.resize(size_t(count) + 1);

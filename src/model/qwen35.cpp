@@ -135,8 +135,7 @@ Qwen35Model::~Qwen35Model() = default;
 int64_t Qwen35Model::dequantized_bytes() const {
   int64_t bytes = 0;
   auto add = [&](const LinearWeight& w) {
-    if (!w.dequantized.empty())
-      bytes += w.dequantized.numel() * static_cast<int64_t>(dtype_size(w.dequantized.dtype));
+    if (!w.dequantized.empty()) bytes += w.dequantized.element_bytes();
   };
   auto add_stacked = [&](const StackedLinear& s) { std::for_each(s.parts.begin(), s.parts.end(), add); };
   add(weights_.lm_head);

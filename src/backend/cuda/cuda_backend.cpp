@@ -482,9 +482,9 @@ class CudaBackend final : public Backend {
       for (size_t i = 0; i < layers.size(); ++i)
         if (!gdn_commit_takes_row_count(layers[i].recurrent_state, shape.key_head_dim, shape.value_head_dim))
           fail(
-              "gdn_commit: with rows on the device, layers[{}].recurrent_state must be 16-byte aligned with "
-              "a "
-              "stride and value_head_dim ({}) that are multiples of 4, and key_head_dim ({}) at most 128",
+              "gdn_commit: with rows on the device, layers[{}].recurrent_state must be 16-byte aligned "
+              "with a stride and value_head_dim ({}) that are multiples of 4, and key_head_dim ({}) at most "
+              "128",
               i, shape.value_head_dim, shape.key_head_dim);
     check_cuda(launch_gdn_commit(layers.data(), layers.size(), rows.ptr<const int32_t>(), shape.num_key_heads,
                                  shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, stream()),
