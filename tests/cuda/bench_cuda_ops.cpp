@@ -15,6 +15,7 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -206,7 +207,23 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
   }
 }
 
-int run(const char* out_path) {
+// Writes the op timings as JSON to out_path.
+void write_report(const char* out_path, const cudaDeviceProp& properties, const nlohmann::json& results) {
+  const char* commit = std::getenv("QSPEC_COMMIT");
+  const nlohmann::json report{
+      {"gpu", properties.name},
+      {"commit", commit ? commit : "unknown"},
+      {"bandwidth_reference_bytes_per_s", kMeasuredBandwidth},
+      {"method", "median of 7 trials of 20 back-to-back calls, host clock + synchronize"},
+      {"ops", results}};
+  std::ofstream out(out_path);
+  out << report.dump(1) << "\n";
+  if (!out) fail("could not write {}", out_path);
+}
+
+// linears_only: the tensor-core linears (the W4A16 and BF16 shapes, the head, the sweep), nothing after them:
+// ~15 s, for comparing builds of the linear kernels.
+int run(const char* out_path, bool linears_only) {
   int device = 0;
   cudaDeviceProp properties{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess)
@@ -282,6 +299,10 @@ int run(const char* out_path) {
     }
   }
   sweep_linear_mma(bench, results);
+  if (linears_only) {
+    write_report(out_path, properties, results);
+    return 0;
+  }
   // argmax over the 248,320-wide logits of a decode step (1 row), a draft step (15) and a verify step (16).
   {
     constexpr int64_t kVocab = 248320;
@@ -473,16 +494,7 @@ int run(const char* out_path) {
                             })));
   }
 
-  const char* commit = std::getenv("QSPEC_COMMIT");
-  const nlohmann::json report{
-      {"gpu", properties.name},
-      {"commit", commit ? commit : "unknown"},
-      {"bandwidth_reference_bytes_per_s", kMeasuredBandwidth},
-      {"method", "median of 7 trials of 20 back-to-back calls, host clock + synchronize"},
-      {"ops", results}};
-  std::ofstream out(out_path);
-  out << report.dump(1) << "\n";
-  if (!out) fail("could not write {}", out_path);
+  write_report(out_path, properties, results);
   return 0;
 }
 
@@ -490,12 +502,13 @@ int run(const char* out_path) {
 }  // namespace qspec
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: qspec_cuda_bench OUT.json\n";
+  const bool linears_only = argc == 3 && std::string_view(argv[2]) == "linears";
+  if (argc != 2 && !linears_only) {
+    std::cerr << "usage: qspec_cuda_bench OUT.json [linears]\n";
     return 2;
   }
   try {
-    return qspec::run(argv[1]);
+    return qspec::run(argv[1], linears_only);
   } catch (const std::exception& e) {
     std::cerr << "qspec_cuda_bench: " << e.what() << "\n";
     return 1;
