@@ -56,9 +56,13 @@ TEST(CudaDFlash, WindowedAttentionMatchesCpu) {
     int heads, kv_heads, head_dim, rows, cache_rows, window;
   };
   // The drafter's shape (32/8 x 128, 16 queries) over short and long contexts, windowed or not; odd shapes.
+  // Up to 64 query rows per KV head take the attention kernels with first keys: tensor-core verify (head_dim
+  // 128, 256, 64), FP32 verify (16), decode (2 rows a KV head, with several key splits); more (16 heads a KV
+  // head x 8 rows) the kernel of a block per row and head.
   const std::vector<Case> cases = {{32, 8, 128, 16, 40, 0},      {32, 8, 128, 16, 4100, 0},
                                    {32, 8, 128, 16, 4100, 1024}, {4, 2, 16, 16, 37, 12},
-                                   {6, 3, 256, 5, 300, 7},       {2, 1, 64, 3, 1, 0}};
+                                   {6, 3, 256, 5, 300, 7},       {2, 1, 64, 3, 1, 0},
+                                   {4, 4, 64, 2, 3000, 700},     {16, 1, 64, 8, 100, 10}};
   for (const Case& c : cases) {
     const std::string label = fmt::format("windowed_attention {}/{} x {} rows {} keys {} window {}", c.heads,
                                           c.kv_heads, c.head_dim, c.rows, c.cache_rows, c.window);

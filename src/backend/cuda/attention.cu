@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Attentio
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int d = static_cast<int>(blockIdx.y) * kWarpSize + lane;
   float* y = output_row(a, t, head);
-  if (row_key_count(a, t) == 0) {
+  if (!row_has_keys(a, t)) {
     if (warp == 0 && d < a.head_dim) y[d] = NAN;
     return;
   }
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kMergeRowsThreads) attention_merge_rows_kernel
   const int head = static_cast<int>(item / chunks % a.num_heads);
   const int dims = a.head_dim - first_dim < 4 ? a.head_dim - first_dim : 4;
   float* const y = output_row(a, t, head) + first_dim;
-  if (row_key_count(a, t) == 0) {
+  if (!row_has_keys(a, t)) {
     for (int e = 0; e < dims; ++e) y[e] = NAN;
     return;
   }
@@ -220,11 +220,19 @@ size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tenso
   return plan_attention(out, q, k_cache, v_cache, num_heads, num_kv_heads, head_dim).bytes;
 }
 
+bool attention_takes_first_keys(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim) {
+  return plan_attention(out, q, k_cache, v_cache, num_heads, num_kv_heads, head_dim).regime !=
+         Regime::kPrefill;
+}
+
 cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
-                             float scale, void* workspace, cudaStream_t stream) {
+                             float scale, void* workspace, cudaStream_t stream, const KeyRanges& ranges) {
   if (q.rows == 0) return cudaSuccess;
   const Plan plan = plan_attention(out, q, k_cache, v_cache, num_heads, num_kv_heads, head_dim);
+  const bool first_keys = ranges.first_keys.data != nullptr;
+  if (first_keys && plan.regime == Regime::kPrefill) return cudaErrorInvalidValue;
   auto* const base = static_cast<char*>(workspace);
   const AttentionArgs args{out.ptr<float>(),
                            out.stride,
@@ -237,6 +245,9 @@ cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k
                            k_cache.rows,
                            positions.ptr<const int32_t>(),
                            positions.stride,
+                           first_keys ? ranges.first_keys.ptr<const int32_t>() : nullptr,
+                           ranges.first_keys.stride,
+                           ranges.positions_are_ends,
                            q.rows,
                            num_heads,
                            num_kv_heads,

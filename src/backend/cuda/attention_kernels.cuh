@@ -3,7 +3,9 @@
 // tensor cores). The query rows of one KV head are the pairs
 // (token t, grouped head g), numbered i = t * heads_per_kv + g, so one block reads its KV head's keys once
 // for all of them. Query row i of token t sees cache rows 0..positions[t]; a position outside the cache
-// sees none and gets a NaN output row.
+// sees none and gets a NaN output row. With first keys (decode and verify kernels only) it sees
+// first_keys[t]..positions[t], or with positions_are_ends first_keys[t]..positions[t] - 1 (the windowed
+// attention of the DFlash drafter); a block then reads the keys from its rows' least first key on.
 //
 // With `splits` > 1 the keys of a block are split over blocks (flash-decoding): each writes, per query
 // row and split, a partial [max score (scaled), sum of exp(score - max), the unnormalised weighted values]
@@ -34,6 +36,9 @@ struct AttentionArgs {
   int64_t cache_rows;
   const int32_t* positions;
   int64_t positions_stride;
+  const int32_t* first_keys;  // null: every row's keys start at 0
+  int64_t first_keys_stride;
+  bool positions_are_ends;  // positions hold one past each row's last key
   int64_t tokens;
   int num_heads, num_kv_heads, heads_per_kv, head_dim, splits;
   float scale;
@@ -53,22 +58,53 @@ struct KvPlanes {
 
 inline constexpr int kMaxAttentionSplits = 256;
 
-// Number of cache rows query token t sees: positions[t] + 1, or 0 for a position outside the cache.
+// One past the last cache row query token t sees: positions[t] + 1 (or positions[t] with
+// positions_are_ends), 0 for a position outside the cache.
 __device__ inline int64_t row_key_count(const AttentionArgs& a, int64_t t) {
-  const int32_t position = a.positions[t * a.positions_stride];
-  return position >= 0 && position < a.cache_rows ? int64_t{position} + 1 : 0;
+  const int64_t end = int64_t{a.positions[t * a.positions_stride]} + (a.positions_are_ends ? 0 : 1);
+  return end >= 1 && end <= a.cache_rows ? end : 0;
 }
 
-// The keys [begin, end) of `split` when a block's rows see block_keys keys; the split size is a multiple of
-// `granule` so that key tiles do not straddle splits.
+// The first cache row query token t sees, given one past its last (row_key_count): 0 without first keys; a
+// first key outside [0, key_end) leaves the row no keys (returned as key_end).
+__device__ inline int64_t row_first_key(const AttentionArgs& a, int64_t t, int64_t key_end) {
+  if (a.first_keys == nullptr) return 0;
+  const int64_t first = a.first_keys[t * a.first_keys_stride];
+  return first >= 0 && first < key_end ? first : key_end;
+}
+
+// Whether query token t sees any key (else its output row is NaN).
+__device__ inline bool row_has_keys(const AttentionArgs& a, int64_t t) {
+  const int64_t end = row_key_count(a, t);
+  return row_first_key(a, t, end) < end;
+}
+
+// Cache rows [begin, end).
 struct KeyRange {
   int64_t begin, end;
 };
-__device__ inline KeyRange split_key_range(int64_t block_keys, int splits, int split, int granule) {
-  int64_t per_split = (block_keys + splits - 1) / splits;
+
+// The keys a block's rows see together: from the least first key to the most ends, over every token (a
+// block serves all tokens of its KV head); rows without keys add none.
+__device__ inline KeyRange block_key_span(const AttentionArgs& a) {
+  KeyRange span{a.cache_rows, 0};
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const int64_t end = row_key_count(a, t), first = row_first_key(a, t, end);
+    if (first >= end) continue;
+    span.begin = first < span.begin ? first : span.begin;
+    span.end = end > span.end ? end : span.end;
+  }
+  return span.end > 0 ? span : KeyRange{0, 0};
+}
+
+// The keys of `split` of a block's span; the split size is a multiple of `granule` so that key tiles do not
+// straddle splits.
+__device__ inline KeyRange split_key_range(KeyRange span, int splits, int split, int granule) {
+  const int64_t keys = span.end - span.begin;
+  int64_t per_split = (keys + splits - 1) / splits;
   per_split = (per_split + granule - 1) / granule * granule;
-  const int64_t begin = split * per_split;
-  const int64_t end = begin + per_split < block_keys ? begin + per_split : block_keys;
+  const int64_t begin = span.begin + split * per_split;
+  const int64_t end = begin + per_split < span.end ? begin + per_split : span.end;
   return {begin, end > begin ? end : begin};
 }
 
@@ -86,14 +122,15 @@ __device__ inline float* partial_row(const AttentionArgs& a, int64_t t, int head
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Online softmax over one 16-key score tile of a warp's 16 rows: scores[n][e] is key first_key + 8n + 2 pair
-// + (e & 1) of row g (e < 2) or g + 8, keys at or past the row's limit masked. Updates the rows' running max
-// (raw scores) and this thread's part of their totals, returns the factor for the earlier sums and the
-// weights P in the scores' places: in pairs (weights[n][0], [1]) and ([2], [3]) they are the A fragment
-// registers 2n and 2n + 1 of the P V mma (registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys 8-15).
+// + (e & 1) of row g (e < 2) or g + 8, keys before the row's first or at or past its limit masked. Updates
+// the rows' running max (raw scores) and this thread's part of their totals, returns the factor for the
+// earlier sums and the weights P in the scores' places: in pairs (weights[n][0], [1]) and ([2], [3]) they are
+// the A fragment registers 2n and 2n + 1 of the P V mma (registers 0/1 = keys 0-7 rows g/g+8, 2/3 = keys
+// 8-15).
 __device__ inline void online_softmax_tile(float (&scores)[2][4], int64_t first_key, int pair,
-                                           const int64_t (&row_limit)[2], float scale_log2,
-                                           float (&running_max)[2], float (&total)[2], float (&correction)[2],
-                                           float (&weights)[2][4]) {
+                                           const int64_t (&row_first)[2], const int64_t (&row_limit)[2],
+                                           float scale_log2, float (&running_max)[2], float (&total)[2],
+                                           float (&correction)[2], float (&weights)[2][4]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < 2; ++n)
@@ -101,7 +138,7 @@ __device__ inline void online_softmax_tile(float (&scores)[2][4], int64_t first_
     for (int e = 0; e < 4; ++e) {
       const int h = e / 2;
       const int64_t key = first_key + 8 * n + 2 * pair + (e & 1);
-      if (key >= row_limit[h]) scores[n][e] = -INFINITY;
+      if (key < row_first[h] || key >= row_limit[h]) scores[n][e] = -INFINITY;
       tile_max[h] = fmaxf(tile_max[h], scores[n][e]);
     }
   float max_scaled[2];

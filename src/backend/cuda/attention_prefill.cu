@@ -246,7 +246,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
   int block_keys = 0;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) block_keys = warp_keys[w] > block_keys ? warp_keys[w] : block_keys;
-  const KeyRange range = split_key_range(block_keys, a.splits, split, kKeyTile);
+  const KeyRange range = split_key_range({0, block_keys}, a.splits, split, kKeyTile);
+  const int64_t no_first_keys[2] = {0, 0};  // prefill takes no first keys (attention.cu)
   const int64_t row_limit[2] = {row_keys[0] < range.end ? row_keys[0] : range.end,
                                 row_keys[1] < range.end ? row_keys[1] : range.end};
 
@@ -283,8 +284,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
 
     // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
     float correction[2], weights[2][4];
-    online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction,
-                        weights);
+    online_softmax_tile(scores, first_key, pair, no_first_keys, row_limit, scale_log2, running_max, total,
+                        correction, weights);
     uint32_t pf[kParts][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -409,7 +410,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   int block_keys = 0;
 #pragma unroll
   for (int w = 0; w < kPairWarps; ++w) block_keys = warp_keys[w] > block_keys ? warp_keys[w] : block_keys;
-  const KeyRange range = split_key_range(block_keys, a.splits, split, kPairKeyTile);
+  const KeyRange range = split_key_range({0, block_keys}, a.splits, split, kPairKeyTile);
   const int range_begin = static_cast<int>(range.begin), range_end = static_cast<int>(range.end);
 #pragma unroll
   for (int i = 0; i < 2; ++i)

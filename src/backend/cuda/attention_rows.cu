@@ -52,14 +52,13 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize, 3) attention_decode_k
   const int rows = static_cast<int>(a.tokens) * a.heads_per_kv;  // <= kDecodeRows
   const int chunks = a.head_dim / 4;
 
-  int64_t row_keys[kDecodeRows];
-  int64_t block_keys = 0;
+  int64_t row_keys[kDecodeRows], row_first[kDecodeRows];
 #pragma unroll
   for (int r = 0; r < kDecodeRows; ++r) {
     row_keys[r] = r < rows ? row_key_count(a, r / a.heads_per_kv) : 0;
-    block_keys = row_keys[r] > block_keys ? row_keys[r] : block_keys;
+    row_first[r] = r < rows ? row_first_key(a, r / a.heads_per_kv, row_keys[r]) : 0;
   }
-  const KeyRange range = split_key_range(block_keys, a.splits, split, 1);
+  const KeyRange range = split_key_range(block_key_span(a), a.splits, split, 1);
   const int64_t kv_offset = static_cast<int64_t>(kv) * a.head_dim;
 
   float4 query[kDecodeRows][kDecodeChunksPerLane];
@@ -111,7 +110,7 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize, 3) attention_decode_k
         }
         const float score = warp_sum(partial) * a.scale;
         const int64_t key = first + u;
-        scores[u] = key < range.end && key < row_keys[r] ? score : -INFINITY;
+        scores[u] = key < range.end && key >= row_first[r] && key < row_keys[r] ? score : -INFINITY;
         step_max = fmaxf(step_max, scores[u]);
       }
       if (step_max == -INFINITY) continue;  // no key of this step is visible to row r
@@ -172,10 +171,10 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize, 3) attention_decode_k
       sum.w += weight * part.w;
     }
     if (a.splits == 1) {
-      // A valid row has key 0 in the only split, so block_total >= 1.
-      const float4 result = row_key_count(a, t) > 0 ? make_float4(sum.x / block_total, sum.y / block_total,
-                                                                  sum.z / block_total, sum.w / block_total)
-                                                    : make_float4(NAN, NAN, NAN, NAN);
+      // A valid row has its first key in the only split, so block_total >= 1.
+      const float4 result = row_has_keys(a, t) ? make_float4(sum.x / block_total, sum.y / block_total,
+                                                             sum.z / block_total, sum.w / block_total)
+                                               : make_float4(NAN, NAN, NAN, NAN);
       reinterpret_cast<float4*>(output_row(a, t, head))[chunk] = result;
     } else {
       float* partial = partial_row(a, t, head, split);
@@ -239,13 +238,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
   const int own = (lane >> 2) & 7;
   const int own_row = first_row + own;
   const int64_t own_keys = own_row < rows ? row_key_count(a, own_row / a.heads_per_kv) : 0;
-
-  int64_t block_keys = 0;
-  for (int other = 0; other < rows; ++other) {
-    const int64_t n = row_key_count(a, other / a.heads_per_kv);
-    block_keys = n > block_keys ? n : block_keys;
-  }
-  const KeyRange range = split_key_range(block_keys, a.splits, split, kVerifyTileKeys);
+  const int64_t own_first = own_row < rows ? row_first_key(a, own_row / a.heads_per_kv, own_keys) : 0;
+  const KeyRange range = split_key_range(block_key_span(a), a.splits, split, kVerifyTileKeys);
   const int64_t kv_offset = static_cast<int64_t>(kv) * a.head_dim;
 
   float4 query[kVerifyRowsPerWarp][kVerifyChunksPerLane], acc[kVerifyRowsPerWarp][kVerifyChunksPerLane];
@@ -315,7 +309,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
       }
       const float score = reduce_scatter_8(partial, lane) * a.scale;
       const int64_t key = first + u;
-      scores[u] = key < range.end && key < own_keys ? score : -INFINITY;
+      scores[u] = key < range.end && key >= own_first && key < own_keys ? score : -INFINITY;
       tile_max = fmaxf(tile_max, scores[u]);
     }
     // Online softmax of row `own`; weights of masked keys are 0.
@@ -373,8 +367,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1) attention_verify_kernel(Att
     const int64_t t = row / a.heads_per_kv;
     const int head = kv * a.heads_per_kv + row % a.heads_per_kv;
     if (a.splits == 1) {
-      // A valid row has key 0 in the only split, so row_total >= 1.
-      const bool valid = row_key_count(a, t) > 0;
+      // A valid row has its first key in the only split, so row_total >= 1.
+      const bool valid = row_has_keys(a, t);
       float4* out = reinterpret_cast<float4*>(output_row(a, t, head));
 #pragma unroll
       for (int c = 0; c < kVerifyChunksPerLane; ++c) {

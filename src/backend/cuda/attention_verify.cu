@@ -75,18 +75,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
   const int rows = static_cast<int>(a.tokens) * a.heads_per_kv;  // <= kVerifyRows
 
   // This thread's two rows (fragment rows group and group + 8 of the warp's 16).
-  int64_t row_keys[2];
+  int64_t row_keys[2], row_first[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row_tile * 16 + group + 8 * h;
     row_keys[h] = row < rows ? row_key_count(a, row / a.heads_per_kv) : 0;
+    row_first[h] = row < rows ? row_first_key(a, row / a.heads_per_kv, row_keys[h]) : 0;
   }
-  int64_t block_keys = 0;
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    const int64_t n = row_key_count(a, t);
-    block_keys = n > block_keys ? n : block_keys;
-  }
-  const KeyRange range = split_key_range(block_keys, a.splits, split, kTileKeys);
+  const KeyRange range = split_key_range(block_key_span(a), a.splits, split, kTileKeys);
   const int64_t row_limit[2] = {row_keys[0] < range.end ? row_keys[0] : range.end,
                                 row_keys[1] < range.end ? row_keys[1] : range.end};
   // One past the last key any row of this warp sees: the warp skips the key groups beyond it.
@@ -173,8 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
 
       // Mask, online softmax (per row: this thread's 4 columns, then the 4 lanes of the row).
       float correction[2], weights[2][4];
-      online_softmax_tile(scores, first_key, pair, row_limit, scale_log2, running_max, total, correction,
-                          weights);
+      online_softmax_tile(scores, first_key, pair, row_first, row_limit, scale_log2, running_max, total,
+                          correction, weights);
       uint32_t p_hi[4], p_lo[4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
@@ -261,8 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_verify_mma_kernel(Atten
     const int64_t t = row / a.heads_per_kv;
     const int head = kv * a.heads_per_kv + row % a.heads_per_kv;
     if (a.splits == 1) {
-      // A valid row has key 0 in the only split, so total >= 1; an invalid one gets NaN.
-      const float inverse = row_keys[h] > 0 ? 1.0f / total[h] : NAN;
+      // A valid row has its first key in the only split, so total >= 1; an invalid one gets NaN.
+      const float inverse = row_first[h] < row_keys[h] ? 1.0f / total[h] : NAN;
       float* const y = output_row(a, t, head) + 4 * pair;
 #pragma unroll
       for (int j = 0; j < kDim / 16; ++j)

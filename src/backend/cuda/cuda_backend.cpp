@@ -350,15 +350,12 @@ class CudaBackend final : public Backend {
     if (shape.head_dim > kMaxAttentionHeadDim)
       fail("attention: head_dim {} is above the CUDA backend's {}", shape.head_dim, kMaxAttentionHeadDim);
     check_attention_widths(out, q, k_cache, v_cache, positions, shape);
-    const size_t workspace_bytes = attention_workspace_bytes(out, q, k_cache, v_cache, shape.num_heads,
-                                                             shape.num_kv_heads, shape.head_dim);
-    // Grows rarely (the first call of a larger shape); cudaFree of the old one waits for its users.
-    grow(attention_workspace_, workspace_bytes);
-    check_cuda(launch_attention(out, q, k_cache, v_cache, positions, shape.num_heads, shape.num_kv_heads,
-                                shape.head_dim, shape.scale, attention_workspace_.data(), stream()),
-               "attention");
+    run_attention("attention", out, q, k_cache, v_cache, positions, shape, {});
   }
 
+  // Up to 64 query rows per KV head (the drafter's block: 16 tokens x 4 heads) go to the attention kernels,
+  // which split the keys over blocks and read each once for all rows of a KV head; more rows to the kernel
+  // of a block per (row, head), which reads its range once per row and head.
   void windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& key_begin, const Tensor& key_end,
                           const AttentionShape& shape) override {
@@ -367,6 +364,11 @@ class CudaBackend final : public Backend {
       fail("windowed_attention: head_dim {} is above the CUDA backend's {}", shape.head_dim,
            kMaxAttentionHeadDim);
     require_rows_limit("windowed_attention", q.rows);
+    if (attention_takes_first_keys(out, q, k_cache, v_cache, shape.num_heads, shape.num_kv_heads,
+                                   shape.head_dim)) {
+      run_attention("windowed_attention", out, q, k_cache, v_cache, key_end, shape, {key_begin, true});
+      return;
+    }
     check_cuda(launch_windowed_attention(out, q, k_cache, v_cache, key_begin, key_end, shape.num_heads,
                                          shape.num_kv_heads, shape.head_dim, shape.scale, stream()),
                "windowed_attention");
@@ -525,6 +527,18 @@ class CudaBackend final : public Backend {
 
   // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
   // recorded.
+  // The attention kernels over the workspace they need (grown rarely: the first call of a larger shape;
+  // cudaFree of the old one waits for its users).
+  void run_attention(const char* op, const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                     const Tensor& v_cache, const Tensor& positions, const AttentionShape& shape,
+                     const KeyRanges& ranges) {
+    grow(attention_workspace_, attention_workspace_bytes(out, q, k_cache, v_cache, shape.num_heads,
+                                                         shape.num_kv_heads, shape.head_dim));
+    check_cuda(launch_attention(out, q, k_cache, v_cache, positions, shape.num_heads, shape.num_kv_heads,
+                                shape.head_dim, shape.scale, attention_workspace_.data(), stream(), ranges),
+               op);
+  }
+
   LinearMmaWorkspace linear_mma_workspace(int64_t rows, const LinearWeight& w) {
     grow(linear_partials_, linear_mma_partial_floats(rows, w.out_features, w.in_features) * sizeof(float));
     return {static_cast<float*>(linear_partials_.data())};

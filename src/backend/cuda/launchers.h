@@ -136,9 +136,18 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
 inline constexpr int kMaxAttentionHeadDim = 256;
 size_t attention_workspace_bytes(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                                  const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim);
+// Key ranges other than 0..positions[t]: row t sees first_keys[t] (I32 [T, 1]) .. positions[t], or with
+// positions_are_ends first_keys[t] .. positions[t] - 1 (windowed_attention's key_begin and key_end). Only
+// calls that attention_takes_first_keys (up to 64 query rows per KV head) take first keys.
+struct KeyRanges {
+  Tensor first_keys;
+  bool positions_are_ends = false;
+};
+bool attention_takes_first_keys(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache, int num_heads, int num_kv_heads, int head_dim);
 cudaError_t launch_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const Tensor& positions, int num_heads, int num_kv_heads, int head_dim,
-                             float scale, void* workspace, cudaStream_t stream);
+                             float scale, void* workspace, cudaStream_t stream, const KeyRanges& ranges = {});
 
 // windowed_attention.cu: query row t over cache rows [key_begin[t], key_end[t]); an empty range or one
 // outside the cache gives a NaN output row. head_dim <= kMaxAttentionHeadDim.
