@@ -278,6 +278,38 @@ struct PackedInt4Weights {
     return w;
   }
 
+  // The one-row kernel's whole-chunk loads through a cursor: a lane's pointers at chunk `chunk` of rows r,
+  // from which the chunk `step` later is one load a stream, at an immediate offset (load_whole makes each
+  // address from the rows' 32-bit offsets). Per-block scales have none.
+  static constexpr bool kCursorLoads = kScales != ScaleLoad::PerBlock;
+  struct Cursor {
+    const uint4 *low, *high;
+    const S *scales_low, *scales_high;
+  };
+
+  __device__ Cursor cursor(const Rows& r, int chunk, int q) const {
+    const auto offset = static_cast<uint32_t>(chunk * kPackedChunkWords + 4 * q);
+    const auto scale = static_cast<uint32_t>(kScales == ScaleLoad::Vector ? chunk * kChunkBlocks : chunk);
+    return {reinterpret_cast<const uint4*>(packed + (r.packed_low + offset)),
+            reinterpret_cast<const uint4*>(packed + (r.packed_high + offset)),
+            scales + (r.scales_low + scale), scales + (r.scales_high + scale)};
+  }
+
+  __device__ static Loaded load_at(const Cursor& c, int step) {
+    Loaded w;
+    w.low = load_streaming(c.low + step * (kPackedChunkWords / 4));
+    w.high = load_streaming(c.high + step * (kPackedChunkWords / 4));
+    if constexpr (kScales == ScaleLoad::Vector) {
+      const uint2 low = __ldg(reinterpret_cast<const uint2*>(c.scales_low + step * kChunkBlocks));
+      const uint2 high = __ldg(reinterpret_cast<const uint2*>(c.scales_high + step * kChunkBlocks));
+      w.scale_low[0] = low.x, w.scale_low[1] = low.y, w.scale_high[0] = high.x, w.scale_high[1] = high.y;
+    } else {
+      w.scale_low[0] = __ldg(reinterpret_cast<const unsigned short*>(c.scales_low + step));
+      w.scale_high[0] = __ldg(reinterpret_cast<const unsigned short*>(c.scales_high + step));
+    }
+    return w;
+  }
+
   // The ring kernel (linear_ring_kernel) copies a whole chunk's words and scales to this lane's slots in
   // shared memory (cp.async: nothing is held in registers while in flight) and reads them back as load_whole
   // would have loaded them. Group 128 copies the aligned scale pair holding the chunk's scale (ring_aligned
@@ -421,6 +453,7 @@ struct Bf16Weights {
   }
 
   static constexpr bool kAlwaysWhole = false;
+  static constexpr bool kCursorLoads = false;  // the one-row kernel loads through load_whole
 
   // None for BF16 weights: the head alone (1.3 GB) would flush L2.
   __device__ void prefetch_chunks(const Rows&, int, int, int) const {}
@@ -518,11 +551,20 @@ __host__ __device__ constexpr int64_t row_stage_words(int64_t chunks) {
   return chunks * kChunkGroups * kXWords<kForm>;
 }
 
-// The one-row kernel's shared memory for `chunks` chunks of x in the form kForm (values, then FP16's scales).
+// The one-row kernel's shared memory for `chunks` chunks of x in the form kForm: their values, for FP16 x one
+// spare chunk of values that a pair's second chunk past a unit's end reads (its sums are dropped), then
+// FP16's chunk scales.
 template <XForm kForm>
-__host__ __device__ constexpr int64_t x_stage_bytes(int64_t chunks) {
+__host__ __device__ constexpr int64_t row_stage_spare_chunks() {
+  return kForm == XForm::Fp16Scaled ? 1 : 0;
+}
+
+template <XForm kForm>
+__host__ __device__ constexpr int64_t row_stage_bytes(int64_t chunks) {
   const int64_t scale_bytes = kForm == XForm::Fp16Scaled ? sizeof(float) : 0;
-  return row_stage_words<kForm>(chunks) * static_cast<int64_t>(sizeof(uint32_t)) + chunks * scale_bytes;
+  return row_stage_words<kForm>(chunks + row_stage_spare_chunks<kForm>()) *
+             static_cast<int64_t>(sizeof(uint32_t)) +
+         chunks * scale_bytes;
 }
 
 // Where x is staged: row r's words from r * row_words, kXWords per 8 values in pairs (i, i + 4), and for
@@ -1131,18 +1173,22 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   const int64_t n = a.out_features;
   const int64_t feature = static_cast<int64_t>(block.tile) * kTileFeatures + g;
   const typename Weights::Rows rows = weights.rows(min64(feature, n - 1), min64(feature + 8, n - 1));
-  auto load = [&](int chunk) {
-    if constexpr (kWholeChunks)
-      return weights.load_whole(rows, chunk, q);
+  // Chunk base + step (step a compile-time constant in the loops below: through a cursor at base, one
+  // instruction a load).
+  auto load = [&](int base, int step) {
+    if constexpr (kWholeChunks && Weights::kCursorLoads)
+      return Weights::load_at(weights.cursor(rows, base, q), step);
+    else if constexpr (kWholeChunks)
+      return weights.load_whole(rows, base + step, q);
     else
-      return weights.load(rows, chunk, q);
+      return weights.load(rows, base + step, q);
   };
 
   // The first chunks' weights are requested before x is staged: their latency covers the staging.
   typename Weights::Loaded ring[kDepth] = {};
 #pragma unroll
   for (int j = 0; j < kDepth; ++j)
-    if (has_unit && begin + j < end) ring[j] = load(begin + j);  // weights only: before the wait (pdl.cuh)
+    if (has_unit && begin + j < end) ring[j] = load(begin, j);  // weights only: before the wait (pdl.cuh)
   if (has_unit && begin + kDepth < end) weights.prefetch_chunks(rows, begin + kDepth, end, q);
   if (a.cluster_sums) {
     __syncwarp();              // the arrive is .aligned: every lane, after the lane-dependent loops above
@@ -1153,11 +1199,12 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   // Only the chunks of x that this block's units read (its parts' slice of K).
   const int staged_chunks = block.end_chunk - block.first_chunk;
   const XStage x_stage{reinterpret_cast<uint32_t*>(x_row_storage),
-                       reinterpret_cast<float*>(x_row_storage) + row_stage_words<kForm>(staged_chunks), 0,
-                       staged_chunks};
+                       reinterpret_cast<float*>(x_row_storage) +
+                           row_stage_words<kForm>(staged_chunks + row_stage_spare_chunks<kForm>()),
+                       0, staged_chunks};
   // The cluster's split sums follow the largest staged x, at one offset in every block of the cluster.
   float* const cluster_sums = reinterpret_cast<float*>(x_row_storage) +
-                              x_stage_bytes<kForm>(min(a.chunks, a.chunks_per_part)) / sizeof(float);
+                              row_stage_bytes<kForm>(min(a.chunks, a.chunks_per_part)) / sizeof(float);
   const int64_t k0 = int64_t{block.first_chunk} * kChunkK;
   if (a.x_aligned)
     stage_x<kForm, true, Weights::kRowStagePasses, true>(x_stage, a.x, a.up, 0, a.in_features, 1, 1, k0);
@@ -1176,10 +1223,10 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   // partials.
   float acc[1][4] = {};
   float total[2] = {};
-  int split = part * a.splits_per_part, split_left = a.chunks_per_split;
+  int split = part * a.splits_per_part, split_end = min(end, begin + a.chunks_per_split);
   // After chunk `chunk`'s sums joined acc: at the end of its split, the split's sums leave acc.
   auto end_split_after = [&](int chunk) {
-    if (--split_left != 0 && chunk + 1 != end) return;
+    if (chunk + 1 != split_end) return;
     if (a.cluster_sums) {
       if (q == 0) {
         *row_cluster_sum_slot(a, cluster_sums, warp * kTileFeatures + g, split) = acc[0][0];
@@ -1194,7 +1241,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     } else {
       total[0] = acc[0][0], total[1] = acc[0][2];
     }
-    ++split, split_left = a.chunks_per_split;
+    ++split, split_end = min(end, split_end + a.chunks_per_split);
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
   };
   for (int c = begin; c < end; c += kDepth) {
@@ -1202,16 +1249,16 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
     for (int s = 0; s < kDepth; s += kStep) {
       const int chunk = c + s;
       if (chunk >= end) break;
-      // A pair's second chunk past the end multiplies its stale (or never loaded) slot by the unit's last
-      // chunk of x, and is dropped.
+      // A pair's second chunk past the end multiplies its stale (or never loaded) slot by the staging's spare
+      // chunk (row_stage_bytes), and is dropped.
       float sums[kStep][1][4] = {};
 #pragma unroll
       for (int i = 0; i < kStep; ++i)
         multiply_row_chunk<Weights>(kScaled ? sums[i] : acc, ring[s + i], x_stage,
-                                    min(chunk + i, end - 1) - block.first_chunk, q);
+                                    chunk + i - block.first_chunk, q);
 #pragma unroll
       for (int i = 0; i < kStep; ++i)
-        if (chunk + i + kDepth < end) ring[s + i] = load(chunk + i + kDepth);
+        if (chunk + i + kDepth < end) ring[s + i] = load(c, s + i + kDepth);
 #pragma unroll
       for (int i = 0; i < kStep; ++i) {
         if (chunk + i >= end) break;
@@ -1338,7 +1385,8 @@ constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
 // The most a block stages (the whole of x, in the larger form): K <= 12288. A block stages its parts' slice
 // (launch_row sizes that), never more.
 int64_t whole_x_stage_bytes(int64_t in_features) {
-  return x_stage_bytes<XForm::Bf16HiLo>((in_features + kChunkK - 1) / kChunkK);
+  return std::max(row_stage_bytes<XForm::Bf16HiLo>((in_features + kChunkK - 1) / kChunkK),
+                  row_stage_bytes<XForm::Fp16Scaled>((in_features + kChunkK - 1) / kChunkK));
 }
 
 // Whether the one-row kernel takes a call of `rows` rows of x (else the many-row kernel does).
@@ -1392,7 +1440,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
   // cluster sums.
   const int64_t spanned = std::min(parts, (kWarps - 1) / tiles + 2);
   const int64_t cluster_shared =
-      x_stage_bytes<Weights::kX>(std::min(split.chunks, chunks_per_part)) +
+      row_stage_bytes<Weights::kX>(std::min(split.chunks, chunks_per_part)) +
       int64_t{row_cluster_sums_floats(static_cast<int>(parts), static_cast<int>(split.splits))} *
           static_cast<int64_t>(sizeof(float));
   // The kernel without bounds checks when every chunk lies inside K (never instantiated otherwise for weights
@@ -1433,7 +1481,7 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
                                                      : (units + kWarps - 1) / kWarps));
   const auto shared = static_cast<size_t>(
       cluster_sums ? cluster_shared
-                   : x_stage_bytes<Weights::kX>(std::min(split.chunks, spanned * chunks_per_part)));
+                   : row_stage_bytes<Weights::kX>(std::min(split.chunks, spanned * chunks_per_part)));
   const auto cluster = static_cast<unsigned>(cluster_sums ? parts : 1);
   status = with_kernel([&](auto whole) {
     return launch_kernel_in_clusters(linear_row_kernel<Weights, decltype(whole)::value>, grid, kThreads,
