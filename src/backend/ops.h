@@ -194,7 +194,8 @@ class Backend {
                          const Tensor& positions, const AttentionShape& shape) = 0;
   // Attention of q [T, nh*hd] over cache rows key_begin[t] .. key_end[t] - 1 (I32 [T, 1] each, a non-empty
   // range within the cache) -> out [T, nh*hd], with no other mask: the DFlash drafter's block sees all its
-  // context and itself, or a window of it.
+  // context and itself, or a window of it. Every cache row from the least key_begin to the largest key_end
+  // must be finite, also between disjoint ranges (a backend may read them all and weight them 0).
   virtual void windowed_attention(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& key_begin, const Tensor& key_end,
                                   const AttentionShape& shape) = 0;

@@ -525,8 +525,6 @@ class CudaBackend final : public Backend {
     return *gemm_;
   }
 
-  // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
-  // recorded.
   // The attention kernels over the workspace they need (grown rarely: the first call of a larger shape;
   // cudaFree of the old one waits for its users).
   void run_attention(const char* op, const Tensor& out, const Tensor& q, const Tensor& k_cache,
@@ -539,6 +537,8 @@ class CudaBackend final : public Backend {
                op);
   }
 
+  // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
+  // recorded.
   LinearMmaWorkspace linear_mma_workspace(int64_t rows, const LinearWeight& w) {
     grow(linear_partials_, linear_mma_partial_floats(rows, w.out_features, w.in_features) * sizeof(float));
     return {static_cast<float*>(linear_partials_.data())};

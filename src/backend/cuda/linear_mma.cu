@@ -453,7 +453,7 @@ struct Bf16Weights {
   }
 
   static constexpr bool kAlwaysWhole = false;
-  static constexpr bool kCursorLoads = false;  // the one-row kernel loads through load_whole
+  static constexpr bool kCursorLoads = false;  // the one-row kernel loads through load_whole / load
 
   // None for BF16 weights: the head alone (1.3 GB) would flush L2.
   __device__ void prefetch_chunks(const Rows&, int, int, int) const {}

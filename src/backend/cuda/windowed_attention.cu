@@ -1,9 +1,10 @@
-// Attention of query rows over explicit ranges of cache rows [key_begin, key_end) with no other mask (the
-// DFlash drafter's block). One block per (query row, head); each of its warps walks every kWarps-th group of
-// kKeysInFlight keys with an online softmax in fp32, a lane holding dims lane, lane + 32, ... (coalesced
-// loads of a key's row, the dot product summed by shuffles), the loads of a group's keys and values issued
-// together; the warps' softmax states are merged at the end. (A thread per key, walking a key's dims one by
-// one, took 31 us per drafter layer at a 64-token context on the H200, 16% of a draft step.)
+// Attention of query rows over explicit ranges of cache rows [key_begin, key_end) with no other mask, for
+// calls of more than 64 query rows per KV head (fewer run the attention kernels with first keys). One block
+// per (query row, head); each of its warps walks every kWarps-th group of kKeysInFlight keys with an online
+// softmax in fp32, a lane holding dims lane, lane + 32, ... (coalesced loads of a key's row, the dot product
+// summed by shuffles), the loads of a group's keys and values issued together; the warps' softmax states are
+// merged at the end. (A thread per key, walking a key's dims one by one, took 31 us per drafter layer at a
+// 64-token context on the H200, 16% of a draft step.)
 #include <cmath>
 
 #include "backend/cuda/device_math.cuh"
