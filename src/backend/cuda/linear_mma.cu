@@ -295,18 +295,13 @@ struct PackedInt4Weights {
             scales + (r.scales_low + scale), scales + (r.scales_high + scale)};
   }
 
-  __device__ static Loaded load_at(const Cursor& c, int step) {
+  // The cursor's scale pointers are rows whose chunk 0 is the cursor's chunk, as load_scales reads them.
+  __device__ Loaded load_at(const Cursor& c, int step) const {
     Loaded w;
     w.low = load_streaming(c.low + step * (kPackedChunkWords / 4));
     w.high = load_streaming(c.high + step * (kPackedChunkWords / 4));
-    if constexpr (kScales == ScaleLoad::Vector) {
-      const uint2 low = __ldg(reinterpret_cast<const uint2*>(c.scales_low + step * kChunkBlocks));
-      const uint2 high = __ldg(reinterpret_cast<const uint2*>(c.scales_high + step * kChunkBlocks));
-      w.scale_low[0] = low.x, w.scale_low[1] = low.y, w.scale_high[0] = high.x, w.scale_high[1] = high.y;
-    } else {
-      w.scale_low[0] = __ldg(reinterpret_cast<const unsigned short*>(c.scales_low + step));
-      w.scale_high[0] = __ldg(reinterpret_cast<const unsigned short*>(c.scales_high + step));
-    }
+    load_scales<true>(c.scales_low, step, w.scale_low);
+    load_scales<true>(c.scales_high, step, w.scale_high);
     return w;
   }
 
@@ -1177,7 +1172,7 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   // instruction a load).
   auto load = [&](int base, int step) {
     if constexpr (kWholeChunks && Weights::kCursorLoads)
-      return Weights::load_at(weights.cursor(rows, base, q), step);
+      return weights.load_at(weights.cursor(rows, base, q), step);
     else if constexpr (kWholeChunks)
       return weights.load_whole(rows, base + step, q);
     else
