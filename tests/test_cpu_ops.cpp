@@ -288,6 +288,76 @@ TEST(CpuAttentionPrologue, WithoutGateInPlaceOrNot) {
       {"attention_prologue", "query overlaps qkv"});
 }
 
+// Without query heads (qkv = keys | values, the drafter's context rows): the caches equal what the ops one
+// by one make; a query or gate passed along is refused by name.
+TEST(CpuAttentionPrologue, KeysAndValuesOnly) {
+  std::mt19937 rng(31);
+  auto backend = make_cpu_backend();
+  const int kv_heads = 2, dim = 16, tokens = 3;
+  const int64_t kv_cols = kv_heads * dim;
+  const AttentionPrologueShape shape{0, kv_heads, dim, dim, 1e4, 1e-6f, false};
+  const TestTensor k_norm = cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5);
+  TestTensor positions(DType::I32, tokens, 1);
+  for (int t = 0; t < tokens; ++t) positions.view().row<int32_t>(t)[0] = 7 - 3 * t;
+  TestTensor kv = cpu_test::random_tensor(rng, DType::F32, tokens, 2 * kv_cols, -2, 2);
+  TestTensor want_kv(DType::F32, tokens, 2 * kv_cols);
+  backend->copy(want_kv.view(), kv.view());
+  TestTensor k_cache = cpu_test::random_tensor(rng, DType::F32, 9, kv_cols);
+  TestTensor v_cache = cpu_test::random_tensor(rng, DType::F32, 9, kv_cols);
+  TestTensor k_want(DType::F32, 9, kv_cols), v_want(DType::F32, 9, kv_cols);
+  backend->copy(k_want.view(), k_cache.view());
+  backend->copy(v_want.view(), v_cache.view());
+  const Tensor k = want_kv.view().cols_view(0, kv_cols);
+  backend->rmsnorm(k, k, k_norm.view(), 1e-6f, false);
+  backend->rope(k, positions.view(), dim, dim, 1e4);
+  backend->kv_store(k_want.view(), k, positions.view());
+  backend->kv_store(v_want.view(), want_kv.view().cols_view(kv_cols, kv_cols), positions.view());
+  backend->attention_prologue(Tensor{}, Tensor{}, kv.view(), Tensor{}, k_norm.view(), k_cache.view(),
+                              v_cache.view(), positions.view(), shape);
+  EXPECT_EQ(cpu_test::relative_max_error(k_cache, cpu_test::reference_of(k_want)), 0.0);
+  EXPECT_EQ(cpu_test::relative_max_error(v_cache, cpu_test::reference_of(v_want)), 0.0);
+  TestTensor query(DType::F32, tokens, dim);
+  cpu_test::expect_error(
+      [&] {
+        backend->attention_prologue(query.view(), Tensor{}, kv.view(), Tensor{}, k_norm.view(),
+                                    k_cache.view(), v_cache.view(), positions.view(), shape);
+      },
+      {"attention_prologue", "without query heads"});
+  const AttentionPrologueShape negative{-2, kv_heads, dim, dim, 1e4, 1e-6f, false};
+  cpu_test::expect_error(
+      [&] {
+        backend->attention_prologue(Tensor{}, Tensor{}, kv.view(), Tensor{}, k_norm.view(), k_cache.view(),
+                                    v_cache.view(), positions.view(), negative);
+      },
+      {"attention_prologue", "-2 query heads"});
+}
+
+// Adjacent column views of one tensor give the whole back; views apart, of other strides or out of order
+// give an empty tensor; single rows side by side in memory are one row.
+TEST(TensorViews, ConcatenatedColumns) {
+  std::vector<float> storage(4 * 12);
+  const Tensor whole = Tensor::make(DType::F32, 4, 12, storage.data());
+  const std::vector<Tensor> parts = {whole.cols_view(0, 5), whole.cols_view(5, 3), whole.cols_view(8, 4)};
+  const Tensor joined = concatenated_columns(parts);
+  EXPECT_EQ(joined.data, whole.data);
+  EXPECT_EQ(joined.rows, 4);
+  EXPECT_EQ(joined.cols, 12);
+  EXPECT_EQ(joined.stride, 12);
+  const Tensor first_two = concatenated_columns(std::vector<Tensor>{parts[0], parts[1]});
+  EXPECT_EQ(first_two.cols, 8);
+  EXPECT_EQ(first_two.stride, 12);
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{parts[0], parts[2]}).empty()) << "a gap";
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{parts[1], parts[0]}).empty()) << "out of order";
+  const Tensor apart = Tensor::make(DType::F32, 4, 3, storage.data() + 5);
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{parts[0], apart}).empty()) << "another stride";
+  const Tensor row_a = Tensor::make(DType::F32, 1, 5, storage.data());
+  const Tensor row_b = Tensor::make(DType::F32, 1, 7, storage.data() + 5);
+  const Tensor row = concatenated_columns(std::vector<Tensor>{row_a, row_b});
+  EXPECT_EQ(row.cols, 12);
+  EXPECT_EQ(row.stride, 12);
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{}).empty());
+}
+
 TEST(CpuSplitQueryGate, InterleavedPerHead) {
   std::mt19937 rng(5);
   auto backend = make_cpu_backend();
@@ -437,6 +507,10 @@ TEST(CpuMemory, WriteReadCopyFillZero) {
   std::vector<float> back(6);
   backend->read(back.data(), buffer->tensor());
   EXPECT_EQ(back, (std::vector<float>{0, 0, 0, 4, 5, 6}));
+  // A strided view reads back with its rows packed.
+  std::vector<float> columns(4);
+  backend->read(columns.data(), strided.view().cols_view(1, 2));
+  EXPECT_EQ(columns, (std::vector<float>{2, 3, 5, 6}));
 }
 
 }  // namespace

@@ -90,7 +90,21 @@ TEST_P(DFlashOracle, EveryStepsDraftLogitsMatch) {
     options.hidden_layers = drafter_->config().target_layer_ids;
     const ForwardOutput out =
         target.forward(*state, std::span<const int32_t>(sequence.data(), start), options);
-    drafter_->add_context(*draft_state, out.hidden);
+    // Every other step hands the features over in tensors of their own (the drafter concatenates them),
+    // the others as the target's adjacent columns (read in place).
+    std::vector<std::unique_ptr<Buffer>> apart;
+    std::vector<Tensor> features = out.hidden;
+    if (s % 2 == 1) {
+      for (Tensor& f : features) {
+        apart.push_back(target_.backend->alloc(DType::F32, f.rows, f.cols));
+        target_.backend->copy(apart.back()->tensor(), f);
+        f = apart.back()->tensor();
+      }
+      ASSERT_TRUE(concatenated_columns(features).empty()) << "step " << s;
+    } else {
+      ASSERT_FALSE(concatenated_columns(features).empty()) << "step " << s;
+    }
+    drafter_->add_context(*draft_state, features);
     const DraftOutput draft = drafter_->draft(*draft_state, sequence[start], window_);
     const std::vector<float> got = read_floats(*target_.backend, draft.logits);
     ASSERT_EQ(got.size(), step_size);

@@ -202,36 +202,40 @@ void check_attention_prologue_args(const Tensor& query, const Tensor& gate, cons
                                    const Tensor& v_cache, const Tensor& positions,
                                    const AttentionPrologueShape& shape) {
   constexpr std::string_view op = "attention_prologue";
-  if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
+  if (shape.num_heads < 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.num_heads % shape.num_kv_heads != 0)
     fail(
-        "{}: {} query heads, {} KV heads of {} dims: expected positive counts, query heads a multiple of KV "
-        "heads",
+        "{}: {} query heads, {} KV heads of {} dims: expected positive KV heads and dims, query heads a "
+        "multiple of KV heads (0: keys and values only)",
         op, shape.num_heads, shape.num_kv_heads, shape.head_dim);
   const int64_t q_cols = int64_t(shape.num_heads) * shape.head_dim;
   const int64_t kv_cols = int64_t(shape.num_kv_heads) * shape.head_dim;
   const bool gated = !gate.empty();  // else qkv has no gate columns
   require_activation(op, "qkv", qkv);
   require_shape(op, "qkv", qkv, qkv.rows, (gated ? 2 : 1) * q_cols + 2 * kv_cols);
-  require_activation(op, "query", query);
-  require_shape(op, "query", query, qkv.rows, q_cols);
-  if (gated) {
-    require_activation(op, "gate", gate);
-    require_shape(op, "gate", gate, qkv.rows, q_cols);
-    if (query.overlaps(qkv) || gate.overlaps(qkv) || query.overlaps(gate))
-      fail("{}: query, gate and qkv must not overlap", op);
-  } else if (query.overlaps(qkv) && !(query.data == qkv.data && query.stride == qkv.stride)) {
-    fail("{}: query overlaps qkv other than as its query columns", op);
+  if (shape.num_heads == 0) {
+    if (!query.empty() || gated) fail("{}: without query heads, query and gate must be empty", op);
+  } else {
+    require_activation(op, "query", query);
+    require_shape(op, "query", query, qkv.rows, q_cols);
+    if (gated) {
+      require_activation(op, "gate", gate);
+      require_shape(op, "gate", gate, qkv.rows, q_cols);
+      if (query.overlaps(qkv) || gate.overlaps(qkv) || query.overlaps(gate))
+        fail("{}: query, gate and qkv must not overlap", op);
+    } else if (query.overlaps(qkv) && !(query.data == qkv.data && query.stride == qkv.stride)) {
+      fail("{}: query overlaps qkv other than as its query columns", op);
+    }
+    require_weight(op, "q_norm", q_norm);
+    require_shape(op, "q_norm", q_norm, 1, shape.head_dim);
+    if (q_norm.dtype != k_norm.dtype) fail("{}: q_norm and k_norm have different dtypes", op);
   }
   require_activation(op, "k_cache", k_cache);
   require_shape(op, "k_cache", k_cache, k_cache.rows, kv_cols);
   require_activation(op, "v_cache", v_cache);
   require_shape(op, "v_cache", v_cache, k_cache.rows, kv_cols);
-  require_weight(op, "q_norm", q_norm);
-  require_shape(op, "q_norm", q_norm, 1, shape.head_dim);
   require_weight(op, "k_norm", k_norm);
   require_shape(op, "k_norm", k_norm, 1, shape.head_dim);
-  if (q_norm.dtype != k_norm.dtype) fail("{}: q_norm and k_norm have different dtypes", op);
   require_indices(op, "positions", positions, qkv.rows);
   if (shape.rotary_dim <= 0 || shape.rotary_dim % 2 != 0 || shape.rotary_dim > shape.head_dim)
     fail("{}: rotary_dim {} must be even and in (0, head_dim = {}]", op, shape.rotary_dim, shape.head_dim);

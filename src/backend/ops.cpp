@@ -18,13 +18,15 @@ void Backend::attention_prologue(const Tensor& query, const Tensor& gate, const 
   check_attention_prologue_args(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions, shape);
   const int64_t query_cols = gate.empty() ? q_cols : 2 * q_cols;
   const Tensor k = qkv.cols_view(query_cols, kv_cols), v = qkv.cols_view(query_cols + kv_cols, kv_cols);
-  if (!gate.empty())
-    split_query_gate(query, gate, qkv.cols_view(0, query_cols), shape.head_dim);
-  else if (query.data != qkv.data)
-    copy(query, qkv.cols_view(0, q_cols));
-  rmsnorm(query, query, q_norm, shape.eps, shape.unit_offset);
+  if (shape.num_heads > 0) {
+    if (!gate.empty())
+      split_query_gate(query, gate, qkv.cols_view(0, query_cols), shape.head_dim);
+    else if (query.data != qkv.data)
+      copy(query, qkv.cols_view(0, q_cols));
+    rmsnorm(query, query, q_norm, shape.eps, shape.unit_offset);
+    rope(query, positions, shape.head_dim, shape.rotary_dim, shape.rope_theta);
+  }
   rmsnorm(k, k, k_norm, shape.eps, shape.unit_offset);
-  rope(query, positions, shape.head_dim, shape.rotary_dim, shape.rope_theta);
   rope(k, positions, shape.head_dim, shape.rotary_dim, shape.rope_theta);
   kv_store(k_cache, k, positions);
   kv_store(v_cache, v, positions);

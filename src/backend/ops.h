@@ -123,7 +123,7 @@ class Backend {
   virtual void write_packed_int4(const Tensor& dst, const void* host) { write(dst, host); }
   virtual void write(const Tensor& dst,
                      const void* host) = 0;              // dst contiguous, host has dst.numel() elements
-  virtual void read(void* host, const Tensor& src) = 0;  // src contiguous
+  virtual void read(void* host, const Tensor& src) = 0;  // src any strides; host gets its rows packed
   virtual void fill_zero(const Tensor& dst) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same shape and dtype, any strides
   virtual void synchronize() = 0;
@@ -135,6 +135,15 @@ class Backend {
   // Changes whenever the backend reallocates a workspace that its ops use (they grow on a step's first,
   // unrecorded run): step graphs recorded before then hold freed memory and must be recorded again.
   virtual uint64_t workspace_generation() const { return 0; }
+
+  // ---- side work (a CUDA stream of its own; other backends run it at once)
+  // Runs the ops `ops` issues (ops or step graphs only: no alloc, write, read or synchronize inside) after
+  // everything issued so far and alongside what is issued after it, until join_side(), read() or
+  // synchronize(), which wait for it. The caller promises that the ops issued alongside neither touch what
+  // `ops` reads or writes nor share a backend workspace with it (gdn_commit, which has none, beside a draft).
+  virtual void beside(const std::function<void()>& ops) { ops(); }
+  // Orders everything issued from now on after the side work issued so far.
+  virtual void join_side() {}
 
   // ---- ops
   // out[t] = table[ids[t]] ; ids I32 [T, 1], table [V, H] (any weight dtype)
@@ -183,8 +192,9 @@ class Backend {
   // values. Writes query [T, nh hd] (normed, rotated) and gate [T, nh hd], and at positions[t] the cache rows
   // k (normed, rotated) and v. The key columns of qkv may be overwritten. With an empty gate, qkv
   // [T, nh hd + 2 nkv hd] = queries | keys | values (attention without an output gate, as the DFlash
-  // drafter's), and query may be qkv's query columns themselves. The default composes those ops; a backend
-  // may do it in one pass.
+  // drafter's), and query may be qkv's query columns themselves. With no query heads (shape.num_heads 0),
+  // qkv [T, 2 nkv hd] = keys | values, and query, gate and q_norm are empty (the drafter's context rows). The
+  // default composes those ops; a backend may do it in one pass.
   virtual void attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
                                   const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& positions,

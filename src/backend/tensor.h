@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 
@@ -60,6 +61,23 @@ struct Tensor {
     return t;
   }
 };
+
+// The tensor whose columns are `parts` side by side, when they are adjacent column views of one tensor (same
+// dtype, rows and, beyond one row, stride; each starting where the one before ends); an empty tensor
+// otherwise.
+inline Tensor concatenated_columns(std::span<const Tensor> parts) {
+  if (parts.empty()) return {};
+  Tensor whole = parts.front();
+  for (const Tensor& part : parts.subspan(1)) {
+    const bool adjacent = part.dtype == whole.dtype && part.rows == whole.rows &&
+                          (part.rows <= 1 || part.stride == whole.stride) &&
+                          part.first_byte() == whole.first_byte() + whole.row_bytes();
+    if (!adjacent) return {};
+    whole.cols += part.cols;
+  }
+  if (whole.rows <= 1) whole.stride = whole.cols;
+  return whole.cols <= whole.stride ? whole : Tensor{};
+}
 
 // y = x W^T for W [out_features, in_features]: dense (BF16/F16/F32) or W4A16 (compressed-tensors
 // pack-quantized: int32 words of 8 nibbles along K, lowest nibble first, value = nibble - 8, times

@@ -47,7 +47,6 @@ DFlashWeights load_weights(const DFlashConfig& c, const TensorStore& store, Back
     layer.qkv_proj = stacked({{p + "self_attn.q_proj", q_dim},
                               {p + "self_attn.k_proj", kv_dim},
                               {p + "self_attn.v_proj", kv_dim}});
-    layer.kv_proj = stacked_modules(layer.qkv_proj, 1, 2);
     layer.o_proj = linear(p + "self_attn.o_proj", H, q_dim);
     layer.q_norm = vector(p + "self_attn.q_norm.weight", c.head_dim);
     layer.k_norm = vector(p + "self_attn.k_norm.weight", c.head_dim);
@@ -56,6 +55,11 @@ DFlashWeights load_weights(const DFlashConfig& c, const TensorStore& store, Back
     layer.mlp_down = linear(p + "mlp.down_proj", H, FF);
     w.layers.push_back(std::move(layer));
   }
+  std::vector<std::pair<std::string, int64_t>> context_kv;
+  for (int i = 0; i < c.num_layers; ++i)
+    for (const char* projection : {"k_proj", "v_proj"})
+      context_kv.emplace_back(fmt::format("layers.{}.self_attn.{}", i, projection), kv_dim);
+  w.context_kv = stacked(context_kv);
   w.final_norm = vector("norm.weight", H);
   return w;
 }
@@ -69,7 +73,7 @@ Tensor first_rows(const std::unique_ptr<Buffer>& buffer, int64_t rows) {
 // Block buffers sized once (block_size rows); context buffers grown to the largest context chunk seen. The
 // host-side vectors stage the index writes so that a step allocates nothing.
 struct DFlashModel::Workspace {
-  int64_t context_capacity = 0;
+  int64_t context_capacity = 0, feature_capacity = 0;
   std::unique_ptr<Buffer> context_positions, features, context, context_kv;
   std::vector<int32_t> context_positions_host;
   // ids, positions, key_begin and key_end of the block (block_size rows each), written at once.
@@ -185,12 +189,20 @@ void DFlashModel::ensure_context_rows(int64_t rows) {
   const DFlashConfig& c = config_;
   const int64_t kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
   ws.context_positions = backend_.alloc(DType::I32, rows, 1);
-  ws.features = backend_.alloc(DType::F32, rows, int64_t(c.target_layer_ids.size()) * c.hidden_size);
   ws.context = backend_.alloc(DType::F32, rows, c.hidden_size);
-  ws.context_kv = backend_.alloc(DType::F32, rows, 2 * kv_dim);
+  ws.context_kv = backend_.alloc(DType::F32, rows, int64_t(c.num_layers) * 2 * kv_dim);
   ws.context_positions_host.resize(size_t(rows));
   ws.context_capacity = rows;
   graphs_.clear();  // recorded on the old buffers
+}
+
+void DFlashModel::ensure_feature_rows(int64_t rows) {
+  Workspace& ws = *ws_;
+  if (rows <= ws.feature_capacity) return;
+  const DFlashConfig& c = config_;
+  ws.features = backend_.alloc(DType::F32, rows, int64_t(c.target_layer_ids.size()) * c.hidden_size);
+  ws.feature_capacity = rows;
+  graphs_.clear();
 }
 
 void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> features) {
@@ -208,6 +220,7 @@ void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> featur
          state.max_context);
   if (rows == 0) return;
   ensure_context_rows(rows);
+  if (concatenated_columns(features).empty()) ensure_feature_rows(rows);
   Workspace& ws = *ws_;
   for (int64_t t = 0; t < rows; ++t) ws.context_positions_host[size_t(t)] = int32_t(state.n_context + t);
   backend_.write(first_rows(ws.context_positions, rows), ws.context_positions_host.data());
@@ -226,23 +239,26 @@ void DFlashModel::context_step(DFlashState& state, std::span<const Tensor> featu
   Workspace& ws = *ws_;
   const Tensor pos = first_rows(ws.context_positions, rows);
   // C = hidden_norm(fc(concat(features))), then each layer's k_norm'd, rotated K and its V at the positions.
-  const Tensor concatenated = first_rows(ws.features, rows);
-  for (size_t i = 0; i < features.size(); ++i)
-    backend_.copy(concatenated.cols_view(int64_t(i) * c.hidden_size, c.hidden_size), features[i]);
+  // The target's forward hands its features over as adjacent columns of one tensor: no copies.
+  Tensor concatenated = concatenated_columns(features);
+  if (concatenated.empty()) {
+    concatenated = first_rows(ws.features, rows);
+    for (size_t i = 0; i < features.size(); ++i)
+      backend_.copy(concatenated.cols_view(int64_t(i) * c.hidden_size, c.hidden_size), features[i]);
+  }
   const Tensor context = first_rows(ws.context, rows);
   backend_.linear(context, concatenated, weights_.fc);
   backend_.rmsnorm(context, context, weights_.hidden_norm, c.rms_norm_eps, false);
   const int64_t kv_dim = int64_t(c.num_kv_heads) * c.head_dim;
   const Tensor kv = first_rows(ws.context_kv, rows);
-  const Tensor k = kv.cols_view(0, kv_dim), v = kv.cols_view(kv_dim, kv_dim);
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    const DFlashLayer& layer = weights_.layers[i];
-    stacked_linear(backend_, kv, context, layer.kv_proj);
-    backend_.rmsnorm(k, k, layer.k_norm, c.rms_norm_eps, false);
-    backend_.rope(k, pos, c.head_dim, c.head_dim, c.rope_theta);
-    backend_.kv_store(state.layers[i].k_cache->tensor(), k, pos);
-    backend_.kv_store(state.layers[i].v_cache->tensor(), v, pos);
-  }
+  stacked_linear(backend_, kv, context, weights_.context_kv);
+  // Keys and values only: the prologue without query heads norms, rotates and stores them.
+  const AttentionPrologueShape keys{
+      0, c.num_kv_heads, c.head_dim, c.head_dim, c.rope_theta, c.rms_norm_eps, false};
+  for (size_t i = 0; i < weights_.layers.size(); ++i)
+    backend_.attention_prologue(Tensor{}, Tensor{}, kv.cols_view(int64_t(i) * 2 * kv_dim, 2 * kv_dim),
+                                Tensor{}, weights_.layers[i].k_norm, state.layers[i].k_cache->tensor(),
+                                state.layers[i].v_cache->tensor(), pos, keys);
 }
 
 void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out) {

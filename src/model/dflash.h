@@ -31,7 +31,6 @@ static_assert(kDraftHeadGroupSize % 8 == 0, "whole packed words per group");
 struct DFlashLayer {
   Tensor input_norm, post_attention_norm;  // plain weights (Qwen3 RMSNorm: w * x_hat)
   StackedLinear qkv_proj;                  // [q_proj | k_proj | v_proj], the block's projections
-  StackedLinear kv_proj;  // its k_proj | v_proj rows (a view), for the context rows, which need no query
   LinearWeight o_proj;
   Tensor q_norm, k_norm;      // per head [1, head_dim]
   StackedLinear mlp_gate_up;  // [gate | up]
@@ -42,6 +41,9 @@ struct DFlashWeights {
   LinearWeight fc;  // [H, features x H]
   Tensor hidden_norm;
   std::vector<DFlashLayer> layers;
+  // Every layer's [k_proj | v_proj] in layer order (a second copy of those weights): the context rows need
+  // no query, and all layers read the same rows, so one linear serves them.
+  StackedLinear context_kv;
   Tensor final_norm;
   std::vector<std::unique_ptr<Buffer>> stacked_storage;  // the stacked linears' weights, the BF16 copies
 };
@@ -106,6 +108,8 @@ class DFlashModel {
     auto operator<=>(const GraphKey&) const = default;
   };
   void ensure_context_rows(int64_t rows);
+  // The buffer context_step concatenates features into when they are not adjacent columns of one tensor.
+  void ensure_feature_rows(int64_t rows);
   void context_step(DFlashState& state, std::span<const Tensor> features, int64_t rows);
   void draft_step(DFlashState& state, bool windowed);
   void mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out);

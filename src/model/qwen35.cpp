@@ -120,7 +120,10 @@ struct Qwen35Model::Workspace {
   std::unique_ptr<Buffer> gdn_qkvz, gdn_conv, gdn_beta, gdn_g, gdn_core, gdn_gated;
   std::unique_ptr<Buffer> attn_qkv, attn_q, attn_gate, attn_out;
   std::unique_ptr<Buffer> logits;
-  std::vector<std::unique_ptr<Buffer>> hidden;
+  // The requested layers' residual streams side by side ([capacity, hidden_count * H]), so that the
+  // drafter reads them as its concatenated features without copies.
+  std::unique_ptr<Buffer> hidden;
+  size_t hidden_count = 0;
 };
 
 Qwen35Model::Qwen35Model(Qwen35Config config, const TensorStore& store, Backend& backend)
@@ -174,6 +177,7 @@ std::unique_ptr<Qwen35State> Qwen35Model::new_state(int max_context) {
 }
 
 void Qwen35Model::reset(Qwen35State& state) const {
+  backend_.join_side();  // after a commit still running
   for (auto& s : state.layers) {
     if (s.conv_state) backend_.fill_zero(s.conv_state->tensor());
     if (s.recurrent_state) backend_.fill_zero(s.recurrent_state->tensor());
@@ -228,17 +232,24 @@ bool Qwen35Model::ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hi
     make(ws.attn_q, T, q_dim);
     make(ws.attn_gate, T, q_dim);
     make(ws.attn_out, T, q_dim);
-    ws.hidden.clear();
     ws.capacity = T;
   }
-  while (ws.hidden.size() < hidden_count)
-    ws.hidden.push_back(backend_.alloc(DType::F32, ws.capacity, c.hidden_size));
+  if (hidden_count > ws.hidden_count || (reallocated && ws.hidden_count > 0)) {
+    ws.hidden_count = std::max(ws.hidden_count, hidden_count);
+    make(ws.hidden, ws.capacity, int64_t(ws.hidden_count) * c.hidden_size);
+    reallocated = true;
+  }
   if (logit_rows > ws.logit_capacity) {
     make(ws.logits, logit_rows, c.vocab_size);
     ws.logit_capacity = logit_rows;
     reallocated = true;
   }
   return reallocated;
+}
+
+Tensor Qwen35Model::hidden_rows(size_t index, int64_t T) const {
+  const int64_t H = config_.hidden_size;
+  return first_rows(ws_->hidden, T).cols_view(int64_t(index) * H, H);
 }
 
 void Qwen35Model::norm_linear(const SublayerInput& in, const Tensor& norm_weight, const Tensor& out,
@@ -305,6 +316,7 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
       fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
 
   const int64_t logit_rows = !options.logits ? 0 : options.all_logits ? T : 1;
+  backend_.join_side();  // a commit running beside (commit) writes the states this step reads
   bool reallocated = ensure_workspace(T, logit_rows, options.hidden_layers.size());
   if (!options.advance) reallocated = ensure_pending(state, int(T)) || reallocated;
   if (reallocated) graphs_.clear();
@@ -326,8 +338,7 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   }
 
   ForwardOutput output;
-  for (size_t h = 0; h < options.hidden_layers.size(); ++h)
-    output.hidden.push_back(first_rows(ws.hidden[h], T));
+  for (size_t h = 0; h < options.hidden_layers.size(); ++h) output.hidden.push_back(hidden_rows(h, T));
   if (logit_rows > 0) output.logits = first_rows(ws.logits, logit_rows);
   return output;
 }
@@ -338,13 +349,16 @@ void Qwen35Model::commit(Qwen35State& state, int rows) {
   if (rows > 0) {
     backend_.write(state.commit_rows->tensor(), &rows);
     // Only the states advance (the outputs are the verify step's again), every layer in one op, recorded
-    // once for every count.
-    graphs_.run(GraphKey{state.id, Step::Commit, state.pending_capacity, 0, {}}, [&] {
-      std::vector<GdnCommitLayer> layers;
-      for (size_t i = 0; i < weights_.layers.size(); ++i)
-        if (weights_.layers[i].type == LayerType::LinearAttention)
-          layers.push_back(pending_replay(state.layers[i]));
-      backend_.gdn_commit(layers, gdn_shape(config_), state.commit_rows->tensor());
+    // once for every count. It runs beside what follows (the drafter's context pass and draft step, which
+    // read the verify's features, not the states) until the next forward or reset joins it.
+    backend_.beside([&] {
+      graphs_.run(GraphKey{state.id, Step::Commit, state.pending_capacity, 0, {}}, [&] {
+        std::vector<GdnCommitLayer> layers;
+        for (size_t i = 0; i < weights_.layers.size(); ++i)
+          if (weights_.layers[i].type == LayerType::LinearAttention)
+            layers.push_back(pending_replay(state.layers[i]));
+        backend_.gdn_commit(layers, gdn_shape(config_), state.commit_rows->tensor());
+      });
     });
   }
   state.n_past += rows;
@@ -379,7 +393,7 @@ void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,
     delta = mlp_out;
     // The layer's output x + mlp_out, the sum the next norm makes in x (one fp32 add either way).
     for (size_t h = 0; h < hidden_layers.size(); ++h)
-      if (hidden_layers[h] == i) backend_.add(first_rows(ws.hidden[h], T), x, mlp_out);
+      if (hidden_layers[h] == i) backend_.add(hidden_rows(h, T), x, mlp_out);
   }
   backend_.add_rmsnorm(normed, x, mlp_out, weights_.final_norm, c.rms_norm_eps, true);
   if (logit_rows > 0)

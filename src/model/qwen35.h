@@ -79,8 +79,10 @@ struct ForwardOptions {
 
 // Backend tensors owned by the model's workspace, valid until the next forward.
 struct ForwardOutput {
-  Tensor logits;               // [rows, V]
-  std::vector<Tensor> hidden;  // one [T, H] per requested layer, in the order requested
+  Tensor logits;  // [rows, V]
+  // One [T, H] per requested layer, in the order requested: adjacent column views of one [T, count * H]
+  // tensor (concatenated_columns gives it back).
+  std::vector<Tensor> hidden;
 };
 
 class Qwen35Model {
@@ -105,7 +107,8 @@ class Qwen35Model {
   // Accepts the first `rows` tokens of the pending verify step (forward with advance = false): replays them
   // through every GDN layer's conv and recurrence from the untouched pre-verify state, with the same
   // per-token arithmetic as a plain step, and advances n_past by `rows`. The rest of the verify step is
-  // dropped.
+  // dropped. The replay runs beside the ops issued after it (Backend::beside) until this model's next
+  // forward or reset, or a read of the backend: ops in between must not touch the state.
   void commit(Qwen35State& state, int rows);
 
   const Qwen35Weights& weights() const { return weights_; }
@@ -124,6 +127,9 @@ class Qwen35Model {
   };
   // Grows the activation buffers; true when any was reallocated (recorded step graphs are then stale).
   bool ensure_workspace(int64_t tokens, int64_t logit_rows, size_t hidden_count);
+  // Rows [0, T) of requested hidden layer `index` (ForwardOptions::hidden_layers order): a column view of
+  // the workspace's side-by-side hidden buffer.
+  Tensor hidden_rows(size_t index, int64_t T) const;
   // Grows the state's pending_* buffers to `rows`; true when reallocated.
   bool ensure_pending(Qwen35State& state, int rows);
   // Every op of one step, from the ids and positions already in the workspace.

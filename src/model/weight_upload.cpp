@@ -111,33 +111,6 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
   return stacked;
 }
 
-StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t count) {
-  if (first + count > stacked.offsets.size() || count == 0)
-    fail("stacked_modules: modules {}..{} of {}", first, first + count, stacked.offsets.size());
-  const int64_t begin = stacked.offsets[first];
-  const int64_t end =
-      first + count < stacked.offsets.size() ? stacked.offsets[first + count] : stacked.out_features;
-  StackedLinear part;
-  part.out_features = end - begin;
-  for (size_t i = first; i < first + count; ++i) part.offsets.push_back(stacked.offsets[i] - begin);
-  if (stacked.parts.size() == 1) {
-    LinearWeight w = stacked.parts.front();
-    w.out_features = part.out_features;
-    if (w.quantized()) {
-      w.packed = w.packed.rows_view(begin, part.out_features);
-      w.scales = w.scales.rows_view(begin, part.out_features);
-      if (!w.dequantized.empty()) w.dequantized = w.dequantized.rows_view(begin, part.out_features);
-    } else {
-      w.weight = w.weight.rows_view(begin, part.out_features);
-    }
-    part.parts = {w};
-  } else {
-    part.parts.assign(stacked.parts.begin() + std::ptrdiff_t(first),
-                      stacked.parts.begin() + std::ptrdiff_t(first + count));
-  }
-  return part;
-}
-
 std::vector<LinearProjection> projections(const Tensor& out, const StackedLinear& stacked) {
   std::vector<LinearProjection> result;
   for (size_t i = 0; i < stacked.parts.size(); ++i)

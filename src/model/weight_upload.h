@@ -34,9 +34,6 @@ StackedLinear upload_stacked_linear(Backend& backend, std::span<const LinearTens
                                     std::span<const int64_t> out_features, int64_t in_features,
                                     std::vector<std::unique_ptr<Buffer>>& storage);
 
-// Modules first .. first + count - 1 of `stacked`, as a StackedLinear over the same memory.
-StackedLinear stacked_modules(const StackedLinear& stacked, size_t first, size_t count);
-
 // The linears of `stacked` as projections into their columns of out [T, stacked.out_features].
 std::vector<LinearProjection> projections(const Tensor& out, const StackedLinear& stacked);
 

@@ -630,9 +630,13 @@ TEST(CudaOps, LinearWithKeptDequantizedCopy) {
     ASSERT_NE(copy, nullptr) << "the H200 keeps BF16 copies (BackendOptions::bf16_copies on by default)";
     LinearWeight kept = w;
     kept.dequantized = copy->tensor();
-    // Rows 200..999 of the weight: the second of two modules stacked in it, as stacked_modules views it.
-    auto second_module = [](const LinearWeight& v) {
-      return stacked_modules(StackedLinear{{v}, {0, 200}, v.out_features}, 1, 1).parts.front();
+    // Rows 200..999 of the weight: a view of the second of two modules stacked in it.
+    auto second_module = [](LinearWeight v) {
+      v.out_features -= 200;
+      v.packed = v.packed.rows_view(200, v.out_features);
+      v.scales = v.scales.rows_view(200, v.out_features);
+      if (!v.dequantized.empty()) v.dequantized = v.dequantized.rows_view(200, v.out_features);
+      return v;
     };
     for (const auto& [without, with] : {std::pair{w, kept}, std::pair{second_module(w), second_module(kept)}})
       for (const int64_t rows : {33, 300}) {
@@ -1140,6 +1144,22 @@ TEST(CudaOps, AttentionPrologue) {
         compare("attention_prologue", label + form + " k cache", plain_k, kReductionTolerance);
         compare("attention_prologue", label + form + " v cache", plain_v, kExact);
       }
+
+      // Keys and values only (no query heads: the drafter's context rows), the whole caches.
+      const AttentionPrologueShape keys_only{0,   c.kv_heads, c.head_dim,   c.rotary_dim,
+                                             1e7, 1e-6f,      c.unit_offset};
+      TensorPair kv =
+          b.activation(tokens, 2 * kv_cols, random_floats(rng, tokens * 2 * kv_cols, -3.0f, 3.0f));
+      TensorPair kv_k =
+          b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+      TensorPair kv_v =
+          b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
+      on_both([&](const Side& s) {
+        s.backend.attention_prologue(Tensor{}, Tensor{}, s(kv), Tensor{}, s(k_norm), s(kv_k), s(kv_v), s(pos),
+                                     keys_only);
+      });
+      compare("attention_prologue", label + " keys only, k cache", kv_k, kReductionTolerance);
+      compare("attention_prologue", label + " keys only, v cache", kv_v, kExact);
     }
   }
 }
@@ -2180,6 +2200,72 @@ TEST(CudaOps, DependentLaunchChain) {
   for (int r = 0; r < kReplays; ++r) graph->launch();
   expect_count(fmt::format("{} dependent adds, {} graph replays", kReplays * kIncrementsPerChain, kReplays),
                kReplays * kIncrementsPerChain);
+}
+
+}  // namespace
+}  // namespace qspec::cuda_test
+
+namespace qspec::cuda_test {
+namespace {
+
+// Backend::beside on CUDA: side work starts after everything issued before it (a copy reading what a long
+// chain of main-stream copies writes last), read() waits for it, join_side() orders later main-stream work
+// after it, and writes, reads or synchronisation inside it are refused by name (the backend stays usable).
+TEST(CudaSide, BesideOrdersAfterEarlierWorkAndBeforeJoins) {
+  std::mt19937 rng(97);
+  auto& b = backends();
+  Backend& gpu = b.gpu();
+  const int64_t big_rows = 4096, cols = 4096;  // 64 MiB a copy: the chain takes a while on any GPU
+  const TensorPair big = b.activation(big_rows, cols, random_floats(rng, big_rows * cols, -1.0f, 1.0f));
+  const TensorPair other = b.poisoned(big_rows, cols);
+  const std::vector<float> values = random_floats(rng, 64 * cols, -2.0f, 2.0f);
+  const TensorPair source = b.activation(64, cols, values);
+  const TensorPair seen = b.poisoned(64, cols), after = b.poisoned(64, cols);
+  for (int round = 0; round < 3; ++round) {
+    b.poison(seen);
+    gpu.write(source.gpu(), values.data());  // unlike big's rows, which the side copy must see instead
+    for (int i = 0; i < 8; ++i)
+      gpu.copy(i % 2 == 0 ? other.gpu() : big.gpu(), i % 2 == 0 ? big.gpu() : other.gpu());
+    gpu.copy(source.gpu(), big.gpu().rows_view(0, 64));  // the last main-stream write before the side work
+    gpu.beside([&] { gpu.copy(seen.gpu(), source.gpu()); });
+    const std::vector<float> big_rows_read = b.read_gpu(big.gpu().rows_view(0, 64));
+    expect_close("beside", fmt::format("round {}: the side copy saw the main stream's last write", round),
+                 b.read_gpu(seen.gpu()), big_rows_read, kExact);
+  }
+  // The side work writes; main-stream work after join_side reads what it wrote.
+  b.poison(seen);
+  b.poison(after);
+  gpu.beside([&] {
+    for (int i = 0; i < 8; ++i) gpu.copy(other.gpu(), big.gpu());
+    gpu.copy(seen.gpu(), source.gpu());
+  });
+  gpu.join_side();
+  gpu.copy(after.gpu(), seen.gpu());
+  expect_close("beside", "main-stream work after join_side saw the side's write", b.read_gpu(after.gpu()),
+               b.read_gpu(source.gpu()), kExact);
+
+  std::vector<float> host(size_t(64 * cols));
+  for (const auto& [what, call] : std::initializer_list<std::pair<std::string, std::function<void()>>>{
+           {"read", [&] { gpu.read(host.data(), source.gpu()); }},
+           {"write", [&] { gpu.write(source.gpu(), host.data()); }},
+           {"synchronize", [&] { gpu.synchronize(); }}}) {
+    try {
+      gpu.beside(call);
+      ADD_FAILURE() << what << " inside beside was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what + ": not allowed inside Backend::beside"), std::string::npos)
+          << e.what();
+    }
+  }
+  gpu.synchronize();  // usable again, on the main stream
+  expect_close("beside", "after refused calls", b.read_gpu(after.gpu()), b.read_gpu(source.gpu()), kExact);
+  // A strided view reads back with its rows packed.
+  std::vector<float> columns(size_t(64 * 3)), want;
+  gpu.read(columns.data(), source.gpu().cols_view(5, 3));
+  const std::vector<float> whole = b.read_gpu(source.gpu());
+  for (int64_t r = 0; r < 64; ++r)
+    want.insert(want.end(), whole.begin() + r * cols + 5, whole.begin() + r * cols + 8);
+  EXPECT_EQ(columns, want);
 }
 
 }  // namespace

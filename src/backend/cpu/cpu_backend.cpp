@@ -62,8 +62,9 @@ void CpuBackend::write(const Tensor& dst, const void* host) {
 }
 
 void CpuBackend::read(void* host, const Tensor& src) {
-  require_contiguous("read", "src", src);
-  if (src.numel() > 0) std::memcpy(host, src.data, src.row_bytes() * static_cast<size_t>(src.rows));
+  for (int64_t r = 0; r < src.rows; ++r)
+    std::memcpy(static_cast<char*>(host) + static_cast<size_t>(r) * src.row_bytes(), row_start(src, r),
+                src.row_bytes());
 }
 
 void CpuBackend::fill_zero(const Tensor& dst) {

@@ -163,7 +163,7 @@ cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, c
   const int warps = qkv.rows > kLinearMmaMaxRows ? kMaxWarps : 1;
   const int slots = shape.num_heads + 2 * shape.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(qkv.rows), static_cast<unsigned>((slots + warps - 1) / warps));
-  return with_weight_type(q_norm.dtype, [&](auto type) {
+  return with_weight_type(k_norm.dtype, [&](auto type) {  // q_norm is empty without query heads
     using W = decltype(type);
     return launch_kernel(attention_prologue_kernel<W>, grid, warps * kWarpSize, 0, stream, args,
                          q_norm.ptr<const W>(), k_norm.ptr<const W>(), frequencies);

@@ -81,6 +81,9 @@ class CudaBackend final : public Backend {
     check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
     device_name_ = properties.name;
     stream_ = std::make_unique<CudaStream>();
+    side_stream_ = std::make_unique<CudaStream>();
+    issued_ = std::make_unique<CudaEvent>();
+    side_done_ = std::make_unique<CudaEvent>();
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).
     static_cast<void>(programmatic_launch_enabled());
     static_cast<void>(clusters_supported());
@@ -135,6 +138,7 @@ class CudaBackend final : public Backend {
   }
 
   void write(const Tensor& dst, const void* host) override {
+    require_main_stream("write");
     require_contiguous("write", "dst", dst);
     if (dst.numel() == 0) return;
     const size_t bytes = dst.row_bytes() * static_cast<size_t>(dst.rows);
@@ -154,10 +158,12 @@ class CudaBackend final : public Backend {
   }
 
   void read(void* host, const Tensor& src) override {
-    require_contiguous("read", "src", src);
+    require_main_stream("read");
     if (src.numel() == 0) return;
-    const size_t bytes = src.row_bytes() * static_cast<size_t>(src.rows);
-    check_cuda(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream()), "read");
+    join_side();
+    check_cuda(cudaMemcpy2DAsync(host, src.row_bytes(), src.data, pitch_bytes(src), src.row_bytes(),
+                                 static_cast<size_t>(src.rows), cudaMemcpyDeviceToHost, stream()),
+               "read");
     synchronize();
   }
 
@@ -177,6 +183,8 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override {
+    require_main_stream("synchronize");
+    join_side();
     check_cuda(cudaStreamSynchronize(stream()), "synchronize");
     staging_used_ = 0;  // every staged copy has completed
   }
@@ -185,6 +193,33 @@ class CudaBackend final : public Backend {
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     return static_cast<int64_t>(total - free);
+  }
+
+  void beside(const std::function<void()>& ops) override {
+    if (on_side_) {
+      ops();
+      return;
+    }
+    check_cuda(cudaEventRecord(issued_->get(), stream_->get()), "beside: cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(side_stream_->get(), issued_->get(), 0), "beside: cudaStreamWaitEvent");
+    on_side_ = true;
+    side_pending_ = true;  // also after a throw: whatever `ops` issued is waited for
+    try {
+      ops();
+    } catch (...) {
+      on_side_ = false;
+      static_cast<void>(cudaEventRecord(side_done_->get(), side_stream_->get()));
+      throw;
+    }
+    on_side_ = false;
+    check_cuda(cudaEventRecord(side_done_->get(), side_stream_->get()), "beside: cudaEventRecord");
+  }
+
+  void join_side() override {
+    require_main_stream("join_side");
+    if (!side_pending_) return;
+    check_cuda(cudaStreamWaitEvent(stream_->get(), side_done_->get(), 0), "join_side: cudaStreamWaitEvent");
+    side_pending_ = false;
   }
 
   bool can_capture() const override { return true; }
@@ -506,7 +541,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  cudaStream_t stream() const { return stream_->get(); }
+  // Where ops go: the main stream, or inside beside() the side stream.
+  cudaStream_t stream() const { return on_side_ ? side_stream_->get() : stream_->get(); }
+
+  void require_main_stream(const char* what) const {
+    if (on_side_) fail("{}: not allowed inside Backend::beside (ops only)", what);
+  }
 
   // Reallocates `memory` when it holds fewer than `bytes` (the old contents are dropped).
   void grow(DeviceMemory& memory, size_t bytes) {
@@ -548,6 +588,11 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   int max_shared_bytes_ = 0;  // per block, with the opt-in above the 48 KB default
   std::unique_ptr<CudaStream> stream_;
+  // beside(): its stream, the main stream's point it starts after, its own end, and whether main has yet to
+  // wait for that end.
+  std::unique_ptr<CudaStream> side_stream_;
+  std::unique_ptr<CudaEvent> issued_, side_done_;
+  bool on_side_ = false, side_pending_ = false;
   std::vector<DeviceMemory> weights_;  // uploaded checkpoint tensors, freed with the backend
   static constexpr size_t kStagingBytes = size_t{1} << 20;
   PinnedHostMemory staging_;  // host bytes of write() in flight, made on first use

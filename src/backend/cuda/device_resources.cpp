@@ -59,4 +59,12 @@ CudaStream::~CudaStream() {
   static_cast<void>(cudaStreamDestroy(stream_));
 }
 
+CudaEvent::CudaEvent() {
+  check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+CudaEvent::~CudaEvent() {
+  static_cast<void>(cudaEventDestroy(event_));
+}
+
 }  // namespace qspec::cuda

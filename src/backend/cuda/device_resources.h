@@ -1,4 +1,4 @@
-// RAII owners of CUDA resources: device memory, pinned host memory and a stream.
+// RAII owners of CUDA resources: device memory, pinned host memory, a stream and an event.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +45,20 @@ class CudaStream {
 
  private:
   cudaStream_t stream_ = nullptr;
+};
+
+// An event without timing, ordering one stream's work after a point of another's.
+class CudaEvent {
+ public:
+  CudaEvent();
+  ~CudaEvent();
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
 };
 
 }  // namespace qspec::cuda
