@@ -80,8 +80,13 @@ class CudaBackend final : public Backend {
     cudaDeviceProp properties{};
     check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
     device_name_ = properties.name;
-    stream_ = std::make_unique<CudaStream>();
-    side_stream_ = std::make_unique<CudaStream>();
+    // The side stream's blocks (beside: a commit next to a draft step) only fill what the main stream's leave
+    // free: the main stream runs at the highest priority, the side stream at the lowest.
+    int lowest_priority = 0, highest_priority = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&lowest_priority, &highest_priority),
+               "cudaDeviceGetStreamPriorityRange");
+    stream_ = std::make_unique<CudaStream>(highest_priority);
+    side_stream_ = std::make_unique<CudaStream>(lowest_priority);
     issued_ = std::make_unique<CudaEvent>();
     side_done_ = std::make_unique<CudaEvent>();
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).

@@ -51,8 +51,8 @@ void CudaMemory<kPlace>::release() noexcept {
 template class CudaMemory<MemoryPlace::Device>;
 template class CudaMemory<MemoryPlace::PinnedHost>;
 
-CudaStream::CudaStream() {
-  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+CudaStream::CudaStream(int priority) {
+  check_cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority), "cudaStreamCreate");
 }
 
 CudaStream::~CudaStream() {

@@ -36,7 +36,8 @@ using PinnedHostMemory = CudaMemory<MemoryPlace::PinnedHost>;
 
 class CudaStream {
  public:
-  CudaStream();
+  // priority: cudaDeviceGetStreamPriorityRange's scale (lower numbers first; 0, the default, is the lowest).
+  explicit CudaStream(int priority = 0);
   ~CudaStream();
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
