@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
+#include <vector>
 
 #include "cpu_op_testing.h"
 
@@ -299,9 +301,11 @@ TEST(CpuAttentionPrologue, KeysAndValuesOnly) {
   const TestTensor k_norm = cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5);
   TestTensor positions(DType::I32, tokens, 1);
   for (int t = 0; t < tokens; ++t) positions.view().row<int32_t>(t)[0] = 7 - 3 * t;
-  TestTensor kv = cpu_test::random_tensor(rng, DType::F32, tokens, 2 * kv_cols, -2, 2);
+  // The keys and values of one layer among three, as the drafter's stacked context rows hold them.
+  TestTensor layers = cpu_test::random_tensor(rng, DType::F32, tokens, 3 * 2 * kv_cols, -2, 2);
+  const Tensor kv = layers.view().cols_view(2 * kv_cols, 2 * kv_cols);
   TestTensor want_kv(DType::F32, tokens, 2 * kv_cols);
-  backend->copy(want_kv.view(), kv.view());
+  backend->copy(want_kv.view(), kv);
   TestTensor k_cache = cpu_test::random_tensor(rng, DType::F32, 9, kv_cols);
   TestTensor v_cache = cpu_test::random_tensor(rng, DType::F32, 9, kv_cols);
   TestTensor k_want(DType::F32, 9, kv_cols), v_want(DType::F32, 9, kv_cols);
@@ -312,21 +316,25 @@ TEST(CpuAttentionPrologue, KeysAndValuesOnly) {
   backend->rope(k, positions.view(), dim, dim, 1e4);
   backend->kv_store(k_want.view(), k, positions.view());
   backend->kv_store(v_want.view(), want_kv.view().cols_view(kv_cols, kv_cols), positions.view());
-  backend->attention_prologue(Tensor{}, Tensor{}, kv.view(), Tensor{}, k_norm.view(), k_cache.view(),
-                              v_cache.view(), positions.view(), shape);
+  backend->attention_prologue(Tensor{}, Tensor{}, kv, Tensor{}, k_norm.view(), k_cache.view(), v_cache.view(),
+                              positions.view(), shape);
   EXPECT_EQ(cpu_test::relative_max_error(k_cache, cpu_test::reference_of(k_want)), 0.0);
   EXPECT_EQ(cpu_test::relative_max_error(v_cache, cpu_test::reference_of(v_want)), 0.0);
   TestTensor query(DType::F32, tokens, dim);
-  cpu_test::expect_error(
-      [&] {
-        backend->attention_prologue(query.view(), Tensor{}, kv.view(), Tensor{}, k_norm.view(),
-                                    k_cache.view(), v_cache.view(), positions.view(), shape);
-      },
-      {"attention_prologue", "without query heads"});
+  const std::vector<std::tuple<Tensor, Tensor, Tensor>> passed_along = {{query.view(), Tensor{}, Tensor{}},
+                                                                        {Tensor{}, query.view(), Tensor{}},
+                                                                        {Tensor{}, Tensor{}, k_norm.view()}};
+  for (const auto& [q, gate, q_norm] : passed_along)
+    cpu_test::expect_error(
+        [&] {
+          backend->attention_prologue(q, gate, kv, q_norm, k_norm.view(), k_cache.view(), v_cache.view(),
+                                      positions.view(), shape);
+        },
+        {"attention_prologue", "without query heads"});
   const AttentionPrologueShape negative{-2, kv_heads, dim, dim, 1e4, 1e-6f, false};
   cpu_test::expect_error(
       [&] {
-        backend->attention_prologue(Tensor{}, Tensor{}, kv.view(), Tensor{}, k_norm.view(), k_cache.view(),
+        backend->attention_prologue(Tensor{}, Tensor{}, kv, Tensor{}, k_norm.view(), k_cache.view(),
                                     v_cache.view(), positions.view(), negative);
       },
       {"attention_prologue", "-2 query heads"});
@@ -356,6 +364,15 @@ TEST(TensorViews, ConcatenatedColumns) {
   EXPECT_EQ(row.cols, 12);
   EXPECT_EQ(row.stride, 12);
   EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{}).empty());
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{parts[0], parts[1].rows_view(0, 3)}).empty())
+      << "other rows";
+  Tensor as_i32 = parts[1];
+  as_i32.dtype = DType::I32;
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{parts[0], as_i32}).empty()) << "another dtype";
+  // Rows of 3 values 3 apart, side by side: the whole would be 6 wide at a stride of 3 (rows overlapping).
+  const Tensor narrow_a{DType::F32, 4, 3, 3, storage.data()},
+      narrow_b{DType::F32, 4, 3, 3, storage.data() + 3};
+  EXPECT_TRUE(concatenated_columns(std::vector<Tensor>{narrow_a, narrow_b}).empty()) << "overlapping rows";
 }
 
 TEST(CpuSplitQueryGate, InterleavedPerHead) {

@@ -214,7 +214,8 @@ void check_attention_prologue_args(const Tensor& query, const Tensor& gate, cons
   require_activation(op, "qkv", qkv);
   require_shape(op, "qkv", qkv, qkv.rows, (gated ? 2 : 1) * q_cols + 2 * kv_cols);
   if (shape.num_heads == 0) {
-    if (!query.empty() || gated) fail("{}: without query heads, query and gate must be empty", op);
+    if (!query.empty() || gated || !q_norm.empty())
+      fail("{}: without query heads, query, gate and q_norm must be empty", op);
   } else {
     require_activation(op, "query", query);
     require_shape(op, "query", query, qkv.rows, q_cols);

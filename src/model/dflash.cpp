@@ -229,7 +229,7 @@ void DFlashModel::add_context(DFlashState& state, std::span<const Tensor> featur
   key.step = Step::Context;
   key.rows = rows;
   key.inputs.clear();
-  for (const Tensor& f : features) key.inputs.push_back(f.data);
+  for (const Tensor& f : features) key.inputs.emplace_back(f.data, f.stride);
   graphs_.run(key, [this, &state, features, rows] { context_step(state, features, rows); });
   state.n_context += int(rows);
 }

@@ -99,12 +99,13 @@ class DFlashModel {
  private:
   struct Workspace;
   enum class Step { Context, Draft, DraftWindowed };
-  // A step's shape and state, and the data of the tensors it reads from outside the model (the features).
+  // A step's shape and state, and where the tensors it reads from outside the model (the features) are: data
+  // and row stride (the same data at another stride is read in place or concatenated: another graph).
   struct GraphKey {
     uint64_t state_id;
     Step step;
     int64_t rows;
-    std::vector<const void*> inputs;
+    std::vector<std::pair<const void*, int64_t>> inputs;
     auto operator<=>(const GraphKey&) const = default;
   };
   void ensure_context_rows(int64_t rows);

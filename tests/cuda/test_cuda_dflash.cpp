@@ -358,6 +358,51 @@ TEST(CudaDFlash, DrafterStepGraphsEqualDirectOps) {
   }
 }
 
+// The context step's graphs tell apart features at the same addresses read in place (adjacent columns of
+// one tensor) and concatenated (rows of their own stride, overlapping here): two rows a step, the two layouts
+// in turn over one buffer, every step's draft with step graphs equal to direct ops bit for bit (a graph of
+// one layout replayed for the other reads other rows).
+TEST(CudaDFlash, ContextGraphsTellFeatureLayoutsApart) {
+  for (const fs::path& dir : fixture_dirs("dflash", "oracle.safetensors")) {
+    const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir / "oracle.json"));
+    const std::string target_dir =
+        (fixtures_root() / "qwen35" / fs::path(meta.at("target").get<std::string>()).filename()).string();
+    LoadedModel target = LoadedModel::open(target_dir, "cuda");
+    LoadedDrafter graphed = LoadedDrafter::open(dir.string(), target, target_dir);
+    LoadedDrafter direct = LoadedDrafter::open(dir.string(), target, target_dir);
+    direct.model->set_step_graphs(false);
+    constexpr int kSteps = 6, kRows = 2;
+    auto state = target.model->new_state(kSteps * kRows);
+    auto graphed_state = graphed.model->new_state(kSteps * kRows);
+    auto direct_state = direct.model->new_state(kSteps * kRows);
+    ForwardOptions options;
+    options.logits = false;
+    options.hidden_layers = graphed.model->config().target_layer_ids;
+    const auto layers = int64_t(options.hidden_layers.size());
+    const int64_t H = target.model->config().hidden_size;
+    const std::unique_ptr<Buffer> features = target.backend->alloc(DType::F32, kRows, layers * H);
+    auto* base = features->tensor().ptr<float>();
+    for (int step = 0; step < kSteps; ++step) {
+      const std::vector<int32_t> tokens = {2 * step + 1, 2 * step + 2};
+      const ForwardOutput out = target.model->forward(*state, tokens, options);
+      target.backend->copy(features->tensor(), concatenated_columns(out.hidden));
+      std::vector<Tensor> handed;
+      for (int64_t i = 0; i < layers; ++i)
+        handed.push_back(step % 2 == 0 ? features->tensor().cols_view(i * H, H)
+                                       : Tensor{DType::F32, kRows, H, H, base + i * H});
+      ASSERT_EQ(concatenated_columns(handed).empty(), step % 2 == 1) << "step " << step;
+      graphed.model->add_context(*graphed_state, handed);
+      direct.model->add_context(*direct_state, handed);
+      const std::vector<float> graph_logits =
+          read_all(*target.backend, graphed.model->draft(*graphed_state, tokens.back(), 0).logits);
+      const std::string label = fmt::format("{} step {}", dir.filename().string(), step);
+      expect_close("dflash", label + " draft logits after the context, step graphs vs direct", graph_logits,
+                   read_all(*target.backend, direct.model->draft(*direct_state, tokens.back(), 0).logits),
+                   0.0);
+    }
+  }
+}
+
 // A drafter with a W4A16 g32 copy of the target's head (DraftHead::W4A16, quantized on the host from each
 // backend's own head, so the same words): the GPU's draft logits against the CPU's, three steps, under the
 // model tolerance of op_check.h (the head is a W4A16 linear of 15 rows on the GPU).

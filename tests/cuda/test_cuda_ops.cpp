@@ -1145,18 +1145,20 @@ TEST(CudaOps, AttentionPrologue) {
         compare("attention_prologue", label + form + " v cache", plain_v, kExact);
       }
 
-      // Keys and values only (no query heads: the drafter's context rows), the whole caches.
+      // Keys and values only (no query heads: the drafter's context rows, one layer's columns of the stacked
+      // rows of three), the whole caches.
       const AttentionPrologueShape keys_only{0,   c.kv_heads, c.head_dim,   c.rotary_dim,
                                              1e7, 1e-6f,      c.unit_offset};
-      TensorPair kv =
-          b.activation(tokens, 2 * kv_cols, random_floats(rng, tokens * 2 * kv_cols, -3.0f, 3.0f));
+      TensorPair layers =
+          b.activation(tokens, 6 * kv_cols, random_floats(rng, tokens * 6 * kv_cols, -3.0f, 3.0f));
+      const auto kv = [&](const Tensor& t) { return t.cols_view(2 * kv_cols, 2 * kv_cols); };
       TensorPair kv_k =
           b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
       TensorPair kv_v =
           b.activation(cache_rows, kv_cols, random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f));
       on_both([&](const Side& s) {
-        s.backend.attention_prologue(Tensor{}, Tensor{}, s(kv), Tensor{}, s(k_norm), s(kv_k), s(kv_v), s(pos),
-                                     keys_only);
+        s.backend.attention_prologue(Tensor{}, Tensor{}, kv(s(layers)), Tensor{}, s(k_norm), s(kv_k), s(kv_v),
+                                     s(pos), keys_only);
       });
       compare("attention_prologue", label + " keys only, k cache", kv_k, kReductionTolerance);
       compare("attention_prologue", label + " keys only, v cache", kv_v, kExact);
@@ -2232,6 +2234,15 @@ TEST(CudaSide, BesideOrdersAfterEarlierWorkAndBeforeJoins) {
     expect_close("beside", fmt::format("round {}: the side copy saw the main stream's last write", round),
                  b.read_gpu(seen.gpu()), big_rows_read, kExact);
   }
+  // A step graph recorded and launched inside beside (the commit's path) runs on the side stream too.
+  b.poison(seen);
+  std::unique_ptr<StepGraph> graph;  // kept until the read has waited for its launch
+  gpu.beside([&] {
+    graph = gpu.capture([&] { gpu.copy(seen.gpu(), source.gpu()); });
+    graph->launch();
+  });
+  expect_close("beside", "a graph captured and launched beside", b.read_gpu(seen.gpu()),
+               b.read_gpu(source.gpu()), kExact);
   // The side work writes; main-stream work after join_side reads what it wrote.
   b.poison(seen);
   b.poison(after);
@@ -2248,7 +2259,9 @@ TEST(CudaSide, BesideOrdersAfterEarlierWorkAndBeforeJoins) {
   for (const auto& [what, call] : std::initializer_list<std::pair<std::string, std::function<void()>>>{
            {"read", [&] { gpu.read(host.data(), source.gpu()); }},
            {"write", [&] { gpu.write(source.gpu(), host.data()); }},
-           {"synchronize", [&] { gpu.synchronize(); }}}) {
+           {"synchronize", [&] { gpu.synchronize(); }},
+           {"join_side", [&] { gpu.join_side(); }},
+           {"alloc", [&] { static_cast<void>(gpu.alloc(DType::F32, 1, 1)); }}}) {
     try {
       gpu.beside(call);
       ADD_FAILURE() << what << " inside beside was not refused";

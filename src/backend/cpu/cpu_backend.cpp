@@ -62,6 +62,7 @@ void CpuBackend::write(const Tensor& dst, const void* host) {
 }
 
 void CpuBackend::read(void* host, const Tensor& src) {
+  if (src.numel() == 0) return;
   for (int64_t r = 0; r < src.rows; ++r)
     std::memcpy(static_cast<char*>(host) + static_cast<size_t>(r) * src.row_bytes(), row_start(src, r),
                 src.row_bytes());

@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
   std::string device_name() const override { return device_name_; }
 
   std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) override {
+    require_main_stream("alloc");
     check_alloc_args(rows, cols);
     return std::make_unique<CudaBuffer>(dtype, rows, cols);
   }
