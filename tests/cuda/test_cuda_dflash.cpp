@@ -52,6 +52,35 @@ std::vector<float> read_all(Backend& backend, const Tensor& t) {
   return out;
 }
 
+// Random queries [rows, heads x head_dim] and K/V caches [keys, kv_heads x head_dim] in [-1, 1) on both
+// backends, for windowed_attention.
+struct WindowedOperands {
+  TensorPair q, k, v;
+  AttentionShape shape;
+};
+
+WindowedOperands random_windowed_operands(Backends& b, std::mt19937& rng, int heads, int kv_heads,
+                                          int head_dim, int rows, int keys) {
+  const int64_t q_cols = int64_t(heads) * head_dim, kv_cols = int64_t(kv_heads) * head_dim;
+  return {b.activation(rows, q_cols, random_floats(rng, size_t(rows * q_cols), -1.0f, 1.0f)),
+          b.activation(keys, kv_cols, random_floats(rng, size_t(keys * kv_cols), -1.0f, 1.0f)),
+          b.activation(keys, kv_cols, random_floats(rng, size_t(keys * kv_cols), -1.0f, 1.0f)),
+          {heads, kv_heads, head_dim, 1.0f / std::sqrt(float(head_dim))}};
+}
+
+// windowed_attention of `o` on each backend, each with its own key ranges (I32 [rows, 1]); the GPU's output
+// and the CPU's, as read back.
+std::pair<std::vector<float>, std::vector<float>> windowed_on_both(Backends& b, const WindowedOperands& o,
+                                                                   const Tensor& cpu_begin,
+                                                                   const Tensor& cpu_end,
+                                                                   const Tensor& gpu_begin,
+                                                                   const Tensor& gpu_end) {
+  TensorPair out = b.poisoned(o.q.cpu().rows, o.q.cpu().cols);
+  b.cpu().windowed_attention(out.cpu(), o.q.cpu(), o.k.cpu(), o.v.cpu(), cpu_begin, cpu_end, o.shape);
+  b.gpu().windowed_attention(out.gpu(), o.q.gpu(), o.k.gpu(), o.v.gpu(), gpu_begin, gpu_end, o.shape);
+  return {b.read_gpu(out.gpu()), b.read_cpu(out.cpu())};
+}
+
 TEST(CudaDFlash, WindowedAttentionMatchesCpu) {
   std::mt19937 rng(41);
   Backends b;
@@ -69,13 +98,8 @@ TEST(CudaDFlash, WindowedAttentionMatchesCpu) {
   for (const Case& c : cases) {
     const std::string label = fmt::format("windowed_attention {}/{} x {} rows {} keys {} window {}", c.heads,
                                           c.kv_heads, c.head_dim, c.rows, c.cache_rows, c.window);
-    const int64_t q_cols = int64_t(c.heads) * c.head_dim, kv_cols = int64_t(c.kv_heads) * c.head_dim;
-    const TensorPair q =
-        b.activation(c.rows, q_cols, random_floats(rng, size_t(c.rows * q_cols), -1.0f, 1.0f));
-    const TensorPair k =
-        b.activation(c.cache_rows, kv_cols, random_floats(rng, size_t(c.cache_rows * kv_cols), -1.0f, 1.0f));
-    const TensorPair v =
-        b.activation(c.cache_rows, kv_cols, random_floats(rng, size_t(c.cache_rows * kv_cols), -1.0f, 1.0f));
+    const WindowedOperands o =
+        random_windowed_operands(b, rng, c.heads, c.kv_heads, c.head_dim, c.rows, c.cache_rows);
     // Queries sit at the last `rows` positions, as the drafter's block does.
     std::vector<int32_t> begin, end;
     for (int t = 0; t < c.rows; ++t) {
@@ -85,12 +109,9 @@ TEST(CudaDFlash, WindowedAttentionMatchesCpu) {
       end.push_back(windowed ? std::min(c.cache_rows, p + c.window) : c.cache_rows);
     }
     const TensorPair key_begin = b.indices(begin), key_end = b.indices(end);
-    TensorPair out = b.poisoned(c.rows, q_cols);
-    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-    b.cpu().windowed_attention(out.cpu(), q.cpu(), k.cpu(), v.cpu(), key_begin.cpu(), key_end.cpu(), shape);
-    b.gpu().windowed_attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), key_begin.gpu(), key_end.gpu(), shape);
-    expect_close("windowed_attention", label, b.read_gpu(out.gpu()), b.read_cpu(out.cpu()),
-                 kWindowedAttentionTolerance);
+    const auto [gpu, cpu] =
+        windowed_on_both(b, o, key_begin.cpu(), key_end.cpu(), key_begin.gpu(), key_end.gpu());
+    expect_close("windowed_attention", label, gpu, cpu, kWindowedAttentionTolerance);
   }
 }
 
@@ -106,13 +127,9 @@ TEST(CudaDFlash, WindowedAttentionDisjointAndEmptyRanges) {
   };
   constexpr int kKeys = 1000, kEmptyRow = 5;
   for (const Case& c : {Case{32, 8, 128, 16}, Case{16, 1, 64, 8}}) {
-    const int64_t q_cols = int64_t(c.heads) * c.head_dim, kv_cols = int64_t(c.kv_heads) * c.head_dim;
-    const TensorPair q =
-        b.activation(c.rows, q_cols, random_floats(rng, size_t(c.rows * q_cols), -1.0f, 1.0f));
-    const TensorPair k =
-        b.activation(kKeys, kv_cols, random_floats(rng, size_t(kKeys * kv_cols), -1.0f, 1.0f));
-    const TensorPair v =
-        b.activation(kKeys, kv_cols, random_floats(rng, size_t(kKeys * kv_cols), -1.0f, 1.0f));
+    const int64_t q_cols = int64_t(c.heads) * c.head_dim;
+    const WindowedOperands o =
+        random_windowed_operands(b, rng, c.heads, c.kv_heads, c.head_dim, c.rows, kKeys);
     std::vector<int32_t> begin, end;
     for (int t = 0; t < c.rows; ++t) {
       begin.push_back(t % 2 == 0 ? 3 * t : 600 + t);
@@ -121,11 +138,7 @@ TEST(CudaDFlash, WindowedAttentionDisjointAndEmptyRanges) {
     const TensorPair cpu_begin = b.indices(begin), cpu_end = b.indices(end);
     begin[kEmptyRow] = end[kEmptyRow] = 300;
     const TensorPair gpu_begin = b.indices(begin), gpu_end = b.indices(end);
-    TensorPair out = b.poisoned(c.rows, q_cols);
-    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-    b.cpu().windowed_attention(out.cpu(), q.cpu(), k.cpu(), v.cpu(), cpu_begin.cpu(), cpu_end.cpu(), shape);
-    b.gpu().windowed_attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), gpu_begin.gpu(), gpu_end.gpu(), shape);
-    std::vector<float> gpu = b.read_gpu(out.gpu()), cpu = b.read_cpu(out.cpu());
+    auto [gpu, cpu] = windowed_on_both(b, o, cpu_begin.cpu(), cpu_end.cpu(), gpu_begin.gpu(), gpu_end.gpu());
     const auto empty_row = gpu.begin() + kEmptyRow * q_cols;
     EXPECT_TRUE(std::all_of(empty_row, empty_row + q_cols, [](float x) { return std::isnan(x); }))
         << c.heads << "/" << c.kv_heads << " heads: the empty range's row is not NaN";
