@@ -104,7 +104,8 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
 
 // qspec bench with a drafter and the end-to-end protocol at tiny sizes: the draft and commit steps are
 // recorded, every oracle acceptance length is the one measured (also with the drafter running every step),
-// and the speculative cases carry a verify step timed alone (and the drafter's cases a draft step).
+// and the speculative cases carry a verify step timed alone (and the drafter's cases a draft step and a
+// context pass).
 TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
   testing_support::TempDir out;
   const testing_support::CommandResult run = testing_support::run_command(
@@ -171,9 +172,16 @@ TEST(SpeculativeCli, BenchRecordsDraftCommitAndEndToEndAcceptance) {
     const bool drafter = e2e[i]["drafter"].get<bool>();
     EXPECT_EQ(e2e[i].contains("median_draft_ms"), drafter);
     const double draft = drafter ? e2e[i]["median_draft_ms"].get<double>() : 0.0;
+    EXPECT_EQ(e2e[i].contains("median_context_ms"), drafter);
     if (drafter) {
       EXPECT_GT(draft, 0.0);
       EXPECT_LE(draft, 2.0 * step);
+      // The context pass of as many rows as a step emits, timed alone once per timed request: part of the
+      // rest, so at most a step's time (twice that, as above).
+      EXPECT_EQ(e2e[i]["context_ms"].size(), 3u);
+      const double context = e2e[i]["median_context_ms"].get<double>();
+      EXPECT_GT(context, 0.0);
+      EXPECT_LE(context, 2.0 * step);
       // The drafter ran: its context followed the target's over the prompt and every emitted token but the
       // last.
       EXPECT_EQ(e2e[i]["drafter_context"].get<int>(),

@@ -98,6 +98,8 @@ struct EndToEndResult {
   // pass over the accepted rows, the feature hand-off).
   bool drafter = false;
   std::vector<double> draft_ms;
+  // Part of that rest, timed apart: the context pass of as many rows as a step at this acceptance emits.
+  std::vector<double> context_ms;
   int drafter_context = 0;  // the drafter state's tokens after the last request (it follows the target's)
 };
 
@@ -236,6 +238,38 @@ std::vector<double> time_draft_step(const BenchArgs& args, Qwen35Model& model, B
                    [&] { drafter.draft(draft_state, output[half], args.draft_window); });
 }
 
+// The drafter's context pass of `rows` rows alone (a step's feature hand-off when it emits `rows` tokens) at
+// the middle of the request's context: the first rows of a verify block's features, as a step hands them
+// over, appended at the same position in every run. Warm-ups, then one time per timed request.
+std::vector<double> time_context_pass(const BenchArgs& args, Qwen35Model& model, Backend& backend,
+                                      Qwen35State& state, DFlashModel& drafter, DFlashState& draft_state,
+                                      const std::vector<int32_t>& prompt, const std::vector<int32_t>& output,
+                                      int rows) {
+  drafter.reset(draft_state);
+  const std::vector<int>& layers = drafter.config().target_layer_ids;
+  const size_t half =
+      feed_to_middle(model, state, prompt, output, layers,
+                     [&](std::span<const Tensor> features) { drafter.add_context(draft_state, features); });
+  ForwardOptions verify;
+  verify.logits = false;
+  verify.advance = false;
+  verify.hidden_layers = layers;
+  const std::vector<int32_t> block(output.begin() + static_cast<std::ptrdiff_t>(half),
+                                   output.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(
+                                                        output.size(), half + kDefaultSpecTokens + 1)));
+  std::vector<Tensor> features;
+  for (const Tensor& h : model.forward(state, block, verify).hidden)
+    features.push_back(h.rows_view(0, std::min<int64_t>(rows, h.rows)));
+  const int middle = draft_state.n_context;
+  const std::vector<double> ms =
+      time_runs(backend, std::max(kGraphWarmups, args.warmups), args.e2e_runs, [&] {
+        draft_state.n_context = middle;
+        drafter.add_context(draft_state, features);
+      });
+  model.commit(state, 0);
+  return ms;
+}
+
 // The competition protocol per category: warm-ups, then timed requests (prefill + decode) at temperature 0,
 // batch 1: plain decoding, then speculative decoding with oracle drafts at each acceptance length, and with a
 // drafter also each acceptance length with the drafter running every step (the oracle's drafts in place of
@@ -309,6 +343,8 @@ std::vector<EndToEndResult> run_end_to_end(const BenchArgs& args, Qwen35Model& m
       d.drafter = true;
       d.verify_ms = feature_verify_ms;
       d.draft_ms = draft_ms;
+      d.context_ms =
+          time_context_pass(args, model, backend, *state, *drafter, *draft_state, prompt, greedy, acceptance);
       time_requests(d, [&] { return generate_speculative(model, *state, &pair, prompt, options, spec); });
       results.push_back(d);
     }
@@ -457,10 +493,11 @@ void run_bench(const BenchArgs& args) {
     record["end_to_end"] = nlohmann::json::array();
     // "verify ms" ("draft ms"): a verify (draft) step alone at the middle of a request's context; "rest ms":
     // a speculative step less them (the commit, the host's work, the argmax read-back and, with the drafter
-    // running ("+d"), its context pass: issue 5's "everything else per step").
-    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9} {:>10} {:>9} {:>8}\n", "prompt", "new",
-               "acceptance", "median ms", "decode tok/s", "measured", "prefill ms", "ms/step", "verify ms",
-               "draft ms", "rest ms");
+    // running ("+d"), its context pass: issue 5's "everything else per step"); "context ms": that context
+    // pass alone, part of the rest.
+    fmt::print("\n{:<8} {:>6} {:>11} {:>11} {:>12} {:>10} {:>11} {:>9} {:>10} {:>9} {:>8} {:>10}\n", "prompt",
+               "new", "acceptance", "median ms", "decode tok/s", "measured", "prefill ms", "ms/step",
+               "verify ms", "draft ms", "rest ms", "context ms");
     for (const EndToEndResult& r :
          run_end_to_end(args, model, backend, drafter ? drafter->model.get() : nullptr)) {
       const double ms = median(r.ms);
@@ -484,13 +521,16 @@ void run_bench(const BenchArgs& args) {
       if (!r.verify_ms.empty()) {
         const double verify_ms = median(r.verify_ms);
         const double draft_ms = r.drafter ? median(r.draft_ms) : 0.0;
-        fmt::print(" {:>10.3f} {:>9} {:>8.3f}", verify_ms, r.drafter ? fmt::format("{:.3f}", draft_ms) : "",
-                   step_ms - verify_ms - draft_ms);
+        fmt::print(" {:>10.3f} {:>9} {:>8.3f} {:>10}", verify_ms,
+                   r.drafter ? fmt::format("{:.3f}", draft_ms) : "", step_ms - verify_ms - draft_ms,
+                   r.drafter ? fmt::format("{:.3f}", median(r.context_ms)) : "");
         entry["verify_ms"] = r.verify_ms;
         entry["median_verify_ms"] = verify_ms;
         if (r.drafter) {
           entry["draft_ms"] = r.draft_ms;
           entry["median_draft_ms"] = draft_ms;
+          entry["context_ms"] = r.context_ms;
+          entry["median_context_ms"] = median(r.context_ms);
           entry["drafter_context"] = r.drafter_context;
         }
         entry["median_rest_ms"] = step_ms - verify_ms - draft_ms;
