@@ -202,6 +202,25 @@ size_t feed_to_middle(Qwen35Model& model, Qwen35State& state, const std::vector<
   return half;
 }
 
+// A speculative step's verify block at the middle of a request: the bonus and kDefaultSpecTokens drafts from
+// output[half] on (fewer at the output's end).
+std::vector<int32_t> middle_block(const std::vector<int32_t>& output, size_t half) {
+  const size_t end = std::min<size_t>(output.size(), half + kDefaultSpecTokens + 1);
+  return {output.begin() + static_cast<std::ptrdiff_t>(half),
+          output.begin() + static_cast<std::ptrdiff_t>(end)};
+}
+
+// The target and the drafter fed to the middle of a request (feed_to_middle), the drafter's context the
+// target's features. Returns the half.
+size_t feed_drafter_to_middle(Qwen35Model& model, Qwen35State& state, DFlashModel& drafter,
+                              DFlashState& draft_state, const std::vector<int32_t>& prompt,
+                              const std::vector<int32_t>& output) {
+  drafter.reset(draft_state);
+  return feed_to_middle(
+      model, state, prompt, output, drafter.config().target_layer_ids,
+      [&](std::span<const Tensor> features) { drafter.add_context(draft_state, features); });
+}
+
 // The speculative steps' verify (a block of the bonus and kDefaultSpecTokens drafts, every row's logits and
 // the rows of `hidden_layers` (a drafter's features), the state left for a commit; a verify may follow an
 // uncommitted one) alone at the middle of the request's context (a verify's attention grows with it):
@@ -215,9 +234,7 @@ std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, 
   verify.all_logits = true;
   verify.advance = false;
   verify.hidden_layers = hidden_layers;
-  std::vector<int32_t> block(output.begin() + static_cast<std::ptrdiff_t>(half),
-                             output.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(
-                                                  output.size(), half + kDefaultSpecTokens + 1)));
+  const std::vector<int32_t> block = middle_block(output, half);
   backend.synchronize();
   const std::vector<double> ms = time_runs(backend, std::max(kGraphWarmups, args.warmups), args.e2e_runs,
                                            [&] { model.forward(state, block, verify); });
@@ -230,10 +247,7 @@ std::vector<double> time_verify_step(const BenchArgs& args, Qwen35Model& model, 
 std::vector<double> time_draft_step(const BenchArgs& args, Qwen35Model& model, Backend& backend,
                                     Qwen35State& state, DFlashModel& drafter, DFlashState& draft_state,
                                     const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
-  drafter.reset(draft_state);
-  const size_t half =
-      feed_to_middle(model, state, prompt, output, drafter.config().target_layer_ids,
-                     [&](std::span<const Tensor> features) { drafter.add_context(draft_state, features); });
+  const size_t half = feed_drafter_to_middle(model, state, drafter, draft_state, prompt, output);
   return time_runs(backend, std::max(kGraphWarmups, args.warmups), args.e2e_runs,
                    [&] { drafter.draft(draft_state, output[half], args.draft_window); });
 }
@@ -245,20 +259,13 @@ std::vector<double> time_context_pass(const BenchArgs& args, Qwen35Model& model,
                                       Qwen35State& state, DFlashModel& drafter, DFlashState& draft_state,
                                       const std::vector<int32_t>& prompt, const std::vector<int32_t>& output,
                                       int rows) {
-  drafter.reset(draft_state);
-  const std::vector<int>& layers = drafter.config().target_layer_ids;
-  const size_t half =
-      feed_to_middle(model, state, prompt, output, layers,
-                     [&](std::span<const Tensor> features) { drafter.add_context(draft_state, features); });
+  const size_t half = feed_drafter_to_middle(model, state, drafter, draft_state, prompt, output);
   ForwardOptions verify;
   verify.logits = false;
   verify.advance = false;
-  verify.hidden_layers = layers;
-  const std::vector<int32_t> block(output.begin() + static_cast<std::ptrdiff_t>(half),
-                                   output.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(
-                                                        output.size(), half + kDefaultSpecTokens + 1)));
+  verify.hidden_layers = drafter.config().target_layer_ids;
   std::vector<Tensor> features;
-  for (const Tensor& h : model.forward(state, block, verify).hidden)
+  for (const Tensor& h : model.forward(state, middle_block(output, half), verify).hidden)
     features.push_back(h.rows_view(0, std::min<int64_t>(rows, h.rows)));
   const int middle = draft_state.n_context;
   const std::vector<double> ms =
