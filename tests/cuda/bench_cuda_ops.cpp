@@ -15,11 +15,14 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_resources.h"
+#include "backend/cuda/gemm_linear.h"
 #include "backend/cuda/launchers.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -207,6 +210,60 @@ void sweep_linear_mma(Bench& bench, nlohmann::json& results) {
   }
 }
 
+// The many-row linear of prefill chunks over the 4B's W4A16 g32 body shapes (gate|up, GDN qkvz, down, GDN
+// out), 4 matrices of a shape in turn (more than L2), x already BF16 (the norms make it so): the W4A16
+// kernel, cuBLAS on the weights' BF16 copies, and without copies (dequantize, then cuBLAS).
+void time_prefill_linears(Bench& bench, nlohmann::json& results) {
+  struct Shape {
+    int64_t n, k;
+  };
+  constexpr int kMatrices = 4;
+  // The kernel at every row count (GemmLinear takes it below kW4a16MaxRows rows), and never.
+  cuda::GemmLinear kernel(cuda::GemmLinear::kDefaultSliceElements, int64_t{1} << 30),
+      copies(cuda::GemmLinear::kDefaultSliceElements, 0);
+  for (const Shape shape : {Shape{18432, 2560}, Shape{12288, 2560}, Shape{2560, 9216}, Shape{2560, 4096}}) {
+    const auto [n, k] = shape;
+    std::vector<LinearWeight> quantized, with_copies;
+    std::vector<cuda::DeviceMemory> copy_memory;
+    for (int i = 0; i < kMatrices; ++i) {
+      quantized.push_back({n,
+                           k,
+                           {},
+                           bench.weight(DType::I32, n, k / 8, 0, 0),
+                           bench.weight(DType::BF16, n, k / 32, 0.002f, 0.02f),
+                           32,
+                           {}});
+      copy_memory.emplace_back(static_cast<size_t>(n * k) * 2);
+      cuda::GemmLinear::dequantize(copy_memory.back().data(), quantized.back(), nullptr);
+      with_copies.push_back(quantized.back());
+      with_copies.back().dequantized = Tensor::make(DType::BF16, n, k, copy_memory.back().data());
+    }
+    for (int64_t rows : {64, 128, 256, 512}) {
+      const Tensor x = bench.activation(rows, k, -1, 1);
+      const Tensor out = bench.activation(rows, n, -1, 1);
+      const double flop = 2.0 * static_cast<double>(rows * n * k);
+      auto time_path = [&](cuda::GemmLinear& gemm, const std::vector<LinearWeight>& weights) {
+        void* operand = gemm.operand(rows, k, nullptr);
+        cuda::check_cuda(cuda::launch_rows_to_bf16(operand, x, nullptr, cuda::RowGate::None, nullptr),
+                         "x to BF16");
+        return bench.time(
+                   [&] {
+                     for (const LinearWeight& w : weights) gemm.multiply(out, operand, w, nullptr);
+                   },
+                   [] { cuda::check_cuda(cudaDeviceSynchronize(), "prefill linear"); }) /
+               kMatrices;
+      };
+      const std::string shape_name = fmt::format("M={} N={} K={}", rows, n, k);
+      results.push_back(
+          flop_entry("prefill linear W4A16 kernel " + shape_name, flop, time_path(kernel, quantized)));
+      results.push_back(flop_entry("prefill linear cuBLAS on BF16 copies " + shape_name, flop,
+                                   time_path(copies, with_copies)));
+      results.push_back(
+          flop_entry("prefill linear dequantize + cuBLAS " + shape_name, flop, time_path(copies, quantized)));
+    }
+  }
+}
+
 // Writes the op timings as JSON to out_path.
 void write_report(const char* out_path, const cudaDeviceProp& properties, const nlohmann::json& results) {
   const char* commit = std::getenv("QSPEC_COMMIT");
@@ -221,9 +278,11 @@ void write_report(const char* out_path, const cudaDeviceProp& properties, const 
   if (!out) fail("could not write {}", out_path);
 }
 
-// linears_only: the tensor-core linears (the W4A16 and BF16 shapes, the head, the sweep), nothing after them:
-// ~15 s, for comparing builds of the linear kernels.
-int run(const char* out_path, bool linears_only) {
+// What to time: everything; the linears only (the W4A16 and BF16 shapes, the head, the sweep, the prefill
+// linears: ~20 s, for comparing builds of the linear kernels); or the prefill linears alone.
+enum class BenchScope { All, Linears, PrefillLinears };
+
+int run(const char* out_path, BenchScope scope) {
   int device = 0;
   cudaDeviceProp properties{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess)
@@ -231,6 +290,11 @@ int run(const char* out_path, bool linears_only) {
   std::unique_ptr<Backend> backend = make_cuda_backend();
   Bench bench{*backend, {}, {}, {}};
   nlohmann::json results = nlohmann::json::array();
+  if (scope == BenchScope::PrefillLinears) {
+    time_prefill_linears(bench, results);
+    write_report(out_path, properties, results);
+    return 0;
+  }
 
   // W4A16 linear: 8 matrices of one shape in turn (> 100 MB with the scales, more than L2). gate/up
   // [9216, 2560] and down [2560, 9216] (split K) g32, the drafter's g128 [9728, 2560].
@@ -299,7 +363,8 @@ int run(const char* out_path, bool linears_only) {
     }
   }
   sweep_linear_mma(bench, results);
-  if (linears_only) {
+  time_prefill_linears(bench, results);
+  if (scope == BenchScope::Linears) {
     write_report(out_path, properties, results);
     return 0;
   }
@@ -502,13 +567,17 @@ int run(const char* out_path, bool linears_only) {
 }  // namespace qspec
 
 int main(int argc, char** argv) {
-  const bool linears_only = argc == 3 && std::string_view(argv[2]) == "linears";
-  if (argc != 2 && !linears_only) {
-    std::cerr << "usage: qspec_cuda_bench OUT.json [linears]\n";
+  const std::string_view scope_name = argc == 3 ? argv[2] : "all";
+  const auto scope = scope_name == "all"               ? std::optional(qspec::BenchScope::All)
+                     : scope_name == "linears"         ? std::optional(qspec::BenchScope::Linears)
+                     : scope_name == "prefill-linears" ? std::optional(qspec::BenchScope::PrefillLinears)
+                                                       : std::nullopt;
+  if ((argc != 2 && argc != 3) || !scope) {
+    std::cerr << "usage: qspec_cuda_bench OUT.json [linears|prefill-linears]\n";
     return 2;
   }
   try {
-    return qspec::run(argv[1], linears_only);
+    return qspec::run(argv[1], *scope);
   } catch (const std::exception& e) {
     std::cerr << "qspec_cuda_bench: " << e.what() << "\n";
     return 1;

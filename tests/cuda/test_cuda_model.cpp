@@ -75,18 +75,21 @@ std::pair<int32_t, float> top_token(const std::vector<float>& row) {
 
 class CudaModel : public testing::TestWithParam<std::string> {};
 
-TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
-  const fs::path dir = fixtures_root() / GetParam();
+// One fixture on the CUDA backend made with `options` against the CPU.
+void check_against_cpu(const std::string& name, const BackendOptions& options) {
+  const fs::path dir = fixtures_root() / name;
   const Qwen35Config config = Qwen35Config::load(dir.string());
   const TensorStore store = TensorStore::open_dir(dir.string());
   const std::unique_ptr<Backend> cpu_backend = make_cpu_backend();
-  const std::unique_ptr<Backend> gpu_backend = make_cuda_backend();
+  const std::unique_ptr<Backend> gpu_backend = make_cuda_backend(options);
   Qwen35Model cpu_model(config, store, *cpu_backend);
   Qwen35Model gpu_model(config, store, *gpu_backend);
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> token_ids(0, config.vocab_size - 1);
 
-  // 20 tokens: the FP32-class prefill (tensor-core linears, split-BF16 attention); 65 and 200: the BF16 one.
+  // 20 tokens: the FP32-class prefill (tensor-core linears, split-BF16 attention); 65 and 200: the BF16 one
+  // (W4A16 weights: cuBLAS on their BF16 copies, or without copies the W4A16 kernel at 65 and the
+  // dequantization at 200).
   for (int prompt_length : {1, 20, 65, 200}) {
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_length));
     for (int32_t& id : prompt) id = token_ids(rng);
@@ -98,7 +101,8 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
         read_logits(*cpu_backend, cpu_model.forward(*cpu_state, prompt, prefill).logits);
     const std::vector<float> gpu_prefill =
         read_logits(*gpu_backend, gpu_model.forward(*gpu_state, prompt, prefill).logits);
-    const std::string label = fmt::format("e2e {} prompt {}", GetParam(), prompt_length);
+    const std::string label = fmt::format("e2e {}{} prompt {}", name,
+                                          options.bf16_copies ? "" : " (no BF16 copies)", prompt_length);
     const bool bf16_prefill = prompt_length > cuda::kLinearMmaMaxRows;
     const bool quantized = config.quantization.has_value();
     const double tolerance = bf16_prefill ? kBf16PrefillLogitTolerance : model_tolerance(quantized);
@@ -142,6 +146,12 @@ TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
                             << " greedy tokens differ:" << differences;
     EXPECT_GT(compared, kDecodeSteps / 2) << label << ": too few clear greedy choices to compare";
   }
+}
+
+TEST_P(CudaModel, LogitsAndGreedyTokensMatchCpu) {
+  check_against_cpu(GetParam(), BackendOptions{});
+  if (Qwen35Config::load((fixtures_root() / GetParam()).string()).quantization.has_value())
+    check_against_cpu(GetParam(), BackendOptions{.bf16_copies = false});
 }
 
 // Replayed step graphs compute exactly what the same ops issued one by one compute: decode steps (recorded on

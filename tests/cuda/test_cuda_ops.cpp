@@ -519,6 +519,72 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
   }
 }
 
+// The W4A16 many-row kernel (launch_w4a16_gemm, taken by GemmLinear below kW4a16MaxRows rows without a BF16
+// copy; here at every row count) against cuBLAS on the BF16 copy of the same weight (GemmLinear::dequantize)
+// with the same BF16 x: both multiply the same BF16 numbers exactly into FP32, so only the order of the sums
+// differs (measure: max |kernel - cuBLAS| / max
+// |cuBLAS|; over up to 9216 terms ~1e-6). A wrong nibble, pair or scale is an error of the weights' size.
+// Groups 32, 64 (2 scales a chunk), 128 and 256 (one a chunk), K split over blocks (9216, 4096) or not,
+// K 2688 (not a multiple of 256), N 1000 (the last block past N), 2560 and 9216, rows 33 (most of a row
+// block empty), 64, 65, 300 and 2048; at 65 rows also K unsplit, split in 3 and 16 (clusters of 3 and 16
+// blocks) and split in 5 with the partials added by the sums kernel (GPUs before sm_90).
+TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
+  std::mt19937 rng(77);
+  auto& b = backends();
+  constexpr double kSumOrderTolerance = 1e-5;
+  struct Case {
+    int64_t n, k;
+    int group;
+  };
+  cuda::GemmLinear gemm(cuda::GemmLinear::kDefaultSliceElements, int64_t{1} << 30);  // the kernel at any M
+  for (const Case& c : {Case{2560, 9216, 32}, Case{1000, 2688, 64}, Case{2560, 4096, 128},
+                        Case{1000, 2560, 256}, Case{9216, 2560, 32}}) {
+    const int64_t groups = c.k / c.group;
+    const WeightPair packed = random_packed_int4(rng, c.n, c.k);
+    const WeightPair scales =
+        b.weight(DType::BF16, c.n, groups, random_floats(rng, c.n * groups, -0.02f, 0.02f));
+    const LinearWeight quantized{c.n, c.k, {}, packed.gpu, scales.gpu, c.group, {}};
+    ASSERT_TRUE(cuda::w4a16_gemm_supports(quantized)) << c.group;
+    cuda::DeviceMemory copy(static_cast<size_t>(c.n * c.k) * 2);
+    cuda::GemmLinear::dequantize(copy.data(), quantized, nullptr);
+    const LinearWeight dense{c.n, c.k, Tensor::make(DType::BF16, c.n, c.k, copy.data()), {}, {}, 0, {}};
+    for (int rows : {33, 64, 65, 300, 2048}) {
+      if (rows == 2048 && c.n != 2560) continue;  // one long case is enough
+      const TensorPair x = b.activation(rows, c.k, random_floats(rng, rows * c.k, -1.0f, 1.0f));
+      TensorPair kernel = b.poisoned(rows, c.n), reference = b.poisoned(rows, c.n);
+      b.gpu().synchronize();
+      gemm.run(kernel.gpu(), x.gpu(), nullptr, cuda::RowGate::None, quantized, nullptr);
+      gemm.run(reference.gpu(), x.gpu(), nullptr, cuda::RowGate::None, dense, nullptr);
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      const std::string label =
+          fmt::format("W4A16 kernel vs cuBLAS on the BF16 copy g{} M={} N={} K={}", c.group, rows, c.n, c.k);
+      const std::vector<float> expected = b.read_gpu(reference.gpu());
+      expect_close("linear", label, b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);
+      if (rows != 65) continue;
+      // Other splits of K: none, 3 and 16 (the largest cluster), and partials added by the sums kernel.
+      cuda::DeviceMemory x_bf16(static_cast<size_t>(rows * c.k) * 2);
+      cuda::check_cuda(
+          cuda::launch_rows_to_bf16(x_bf16.data(), x.gpu(), nullptr, cuda::RowGate::None, nullptr),
+          "x to BF16");
+      for (const cuda::W4a16GemmTuning tuning :
+           {cuda::W4a16GemmTuning{1, true}, cuda::W4a16GemmTuning{3, true}, cuda::W4a16GemmTuning{16, true},
+            cuda::W4a16GemmTuning{5, false}}) {
+        b.poison(kernel);
+        cuda::DeviceMemory partials(
+            std::max<size_t>(1, cuda::w4a16_gemm_partial_floats(rows, quantized, tuning)) * sizeof(float));
+        cuda::check_cuda(cuda::launch_w4a16_gemm(kernel.gpu(), x_bf16.data(), quantized,
+                                                 static_cast<float*>(partials.data()), nullptr, tuning),
+                         "W4A16 kernel");
+        ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+        expect_close("linear",
+                     fmt::format("{} ({} splits, {})", label, tuning.splits,
+                                 tuning.cluster_sums ? "cluster sums" : "sums kernel"),
+                     b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);
+      }
+    }
+  }
+}
+
 // Speculative decoding needs a row's result not to depend on the other rows of the call: the verify step's
 // rows must equal the decode steps' exactly, although one row goes through the one-row kernel and 16 through
 // the many-row one (the same split of K and the same sums in both). 16 rows at once vs each row alone: W4A16

@@ -46,8 +46,10 @@ void bf16_gemm(cublasHandle_t handle, const Tensor& out, const void* x_bf16, con
 
 }  // namespace
 
-GemmLinear::GemmLinear(int64_t max_slice_elements)
-    : max_slice_elements_(max_slice_elements), cublas_workspace_(kCublasWorkspaceBytes) {
+GemmLinear::GemmLinear(int64_t max_slice_elements, int64_t w4a16_max_rows)
+    : max_slice_elements_(max_slice_elements),
+      w4a16_max_rows_(w4a16_max_rows),
+      cublas_workspace_(kCublasWorkspaceBytes) {
   check_cublas(cublasCreate(&handle_), "cublasCreate");
 }
 
@@ -103,6 +105,14 @@ const void* GemmLinear::x_to_bf16(const Tensor& x, const float* y, RowGate gate,
 
 void GemmLinear::multiply(const Tensor& out, const void* x_bf16, const LinearWeight& w, cudaStream_t stream) {
   const int64_t k = w.in_features;
+  // Without a BF16 copy, few rows take the W4A16 kernel (it reads a quarter of the bytes the dequantization
+  // writes and cuBLAS reads back); with one, cuBLAS on the copy is faster (kW4a16MaxRows, gemm_linear.h).
+  if (w.dequantized.empty() && out.rows < w4a16_max_rows_ && w4a16_gemm_supports(w)) {
+    const size_t floats = w4a16_gemm_partial_floats(out.rows, w);
+    auto* partials = static_cast<float*>(floats > 0 ? scratch(partials_, floats * sizeof(float)) : nullptr);
+    check_cuda(launch_w4a16_gemm(out, x_bf16, w, partials, stream), "linear (W4A16 tensor cores)");
+    return;
+  }
   // BF16 weights, or a W4A16 weight's kept BF16 copy: from kL2SliceMinRows rows on, the slices that stay in
   // L2 are faster than the copy (prefill of 8,192 tokens: 141-147 ms with W4A16 weights, 150-152 with BF16
   // ones; session 10).

@@ -6,7 +6,8 @@
 // (relative error ~1e-3 of the largest output). A W4A16 weight's BF16 copy (LinearWeight::dequantized,
 // made at load by dequantize(), CudaBackend::dequantized_copy) replaces the dequantization below
 // kL2SliceMinRows rows of x: it was half of a 64-token prefill on the H200 (9.4 ms, against 5.2 with BF16
-// weights).
+// weights). Without a copy (--bf16-copies off, or too little memory for it), fewer than kW4a16MaxRows rows
+// take the W4A16 tensor-core kernel instead (launch_w4a16_gemm: the same products, no dequantization pass).
 #pragma once
 
 #include <cublas_v2.h>
@@ -24,8 +25,16 @@ class GemmLinear {
  public:
   // 64 Mi values: a 128 MiB BF16 scratch copy of the largest W4A16 weight that is dequantized at once.
   static constexpr int64_t kDefaultSliceElements = int64_t{64} << 20;
-  // max_slice_elements: at most this many dequantized values at a time (a smaller bound tests the slicing).
-  explicit GemmLinear(int64_t max_slice_elements = kDefaultSliceElements);
+  // Below this many rows of x, W4A16 weights without a BF16 copy go to their own tensor-core kernel
+  // (launch_w4a16_gemm) instead of being dequantized for cuBLAS. On the H200 (qspec_cuda_bench
+  // prefill-linears, the 4B's body shapes), the kernel takes 0.55-0.75x the time of dequantize + cuBLAS at
+  // 64 rows and 0.8-1.2x at 128, 1.0-1.3x at 256; cuBLAS on the copy takes 0.6-0.95x the kernel's time.
+  static constexpr int64_t kW4a16MaxRows = 192;
+  // max_slice_elements: at most this many dequantized values at a time (a smaller bound tests the slicing);
+  // w4a16_max_rows: calls with fewer rows of x take the W4A16 kernel (0: never; benchmarks compare the
+  // paths).
+  explicit GemmLinear(int64_t max_slice_elements = kDefaultSliceElements,
+                      int64_t w4a16_max_rows = kW4a16MaxRows);
   ~GemmLinear();
   GemmLinear(const GemmLinear&) = delete;
   GemmLinear& operator=(const GemmLinear&) = delete;
@@ -59,8 +68,9 @@ class GemmLinear {
   const void* x_to_bf16(const Tensor& x, const float* y, RowGate gate, cudaStream_t stream);
 
   int64_t max_slice_elements_;
+  int64_t w4a16_max_rows_;  // fewer rows of x than this take launch_w4a16_gemm (W4A16 weights, no copy)
   cublasHandle_t handle_ = nullptr;
-  DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_;
+  DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_, partials_;
   uint64_t scratch_generation_ = 0;
 };
 

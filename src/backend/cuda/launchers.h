@@ -86,6 +86,28 @@ bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w);
 cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream);
 
+// The sums of a split call's partials ([splits][out.rows][out.cols] floats) into out, each element's splits
+// added in split order (linear_mma.cu's sum_split_partials_kernel).
+cudaError_t launch_split_partial_sums(const Tensor& out, const float* partials, int splits,
+                                      cudaStream_t stream);
+
+// linear_w4a16_gemm.cu: out = x W^T for many rows of x (prefill chunks) from W4A16 weights on tensor cores,
+// x in BF16 [out.rows, K] (contiguous, 16-byte aligned: GemmLinear's operand) and each weight rounded to BF16
+// as the BF16 copy rounds it (GemmLinear::dequantize), FP32 sums. Takes BF16 scales, K a multiple of 128 and
+// group 32, 64 or a multiple of 128 (w4a16_gemm_supports). `partials` holds w4a16_gemm_partial_floats(...)
+// floats (none when K is not split or the splits are added in a cluster).
+// The kernel's knobs, for tests (0: the default): `splits` sets the split of K (and so the order of the
+// sums); cluster_sums off leaves the splits' partials to the sums kernel even where a cluster could add them
+// (the path of GPUs before sm_90).
+struct W4a16GemmTuning {
+  int64_t splits = 0;
+  bool cluster_sums = true;
+};
+bool w4a16_gemm_supports(const LinearWeight& w);
+size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
+cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, float* partials,
+                              cudaStream_t stream, const W4a16GemmTuning& tuning = {});
+
 // linear_gemm.cu: the BF16 operands of the many-row linear (gemm_linear.h). out holds x.rows * x.cols BF16
 // values (contiguous) made from x and, for a gate, y (x.rows rows of x.cols values at x's row stride):
 // x itself, silu_mul(x, y) (the gated MLP) or x * sigmoid(y) (the gated attention's output); the dequantized

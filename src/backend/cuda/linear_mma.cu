@@ -783,6 +783,17 @@ cudaError_t launch_split_sums(const SplitPartials& p, cudaStream_t stream) {
                        kSplitSumThreads, 0, stream, p);
 }
 
+}  // namespace
+
+cudaError_t launch_split_partial_sums(const Tensor& out, const float* partials, int splits,
+                                      cudaStream_t stream) {
+  return launch_split_sums(
+      {out.ptr<float>(), out.rows <= 1 ? out.cols : out.stride, partials, out.rows, out.cols, splits},
+      stream);
+}
+
+namespace {
+
 // After a many-row kernel's launch (`status`): the sums of its split partials, if K was split.
 cudaError_t launch_split_sums_after(cudaError_t status, const MmaArgs& a, cudaStream_t stream) {
   if (status != cudaSuccess || a.splits == 1) return status;
