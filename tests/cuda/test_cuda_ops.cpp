@@ -530,7 +530,9 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
 // Groups 32, 64 (2 scales a chunk), 128 and 256 (one a chunk), K split over blocks (9216, 4096) or not,
 // K 2688 (not a multiple of 256), N 1000 (the last block past N), 2560 and 9216, rows 33 (most of a row
 // block empty), 64, 65, 300 and 2048; at 65 rows also K unsplit, split in 3 and 16 (clusters of 3 and 16
-// blocks) and split in 5 with the partials added by the sums kernel (GPUs before sm_90).
+// blocks; wgmma leaves 16 splits to the sums kernel) and split in 5 with the partials added by the sums
+// kernel (GPUs before sm_90), each by wgmma (the H200's path) and by mma.sync (the path of the GPUs before
+// sm_90).
 TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
   std::mt19937 rng(77);
   auto& b = backends();
@@ -569,8 +571,10 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
           cuda::launch_rows_to_bf16(x_bf16.data(), x.gpu(), nullptr, cuda::RowGate::None, nullptr),
           "x to BF16");
       for (const cuda::W4a16GemmTuning tuning :
-           {cuda::W4a16GemmTuning{1, true}, cuda::W4a16GemmTuning{3, true}, cuda::W4a16GemmTuning{16, true},
-            cuda::W4a16GemmTuning{5, false}}) {
+           {cuda::W4a16GemmTuning{1, true, true}, cuda::W4a16GemmTuning{3, true, true},
+            cuda::W4a16GemmTuning{16, true, true}, cuda::W4a16GemmTuning{5, false, true},
+            cuda::W4a16GemmTuning{0, true, false}, cuda::W4a16GemmTuning{16, true, false},
+            cuda::W4a16GemmTuning{5, false, false}}) {
         b.poison(kernel);
         cuda::DeviceMemory partials(
             std::max<size_t>(1, cuda::w4a16_gemm_partial_floats(rows, quantized, tuning)) * sizeof(float));
@@ -579,8 +583,9 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
                          "W4A16 kernel");
         ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
         expect_close("linear",
-                     fmt::format("{} ({} splits, {})", label, tuning.splits,
-                                 tuning.cluster_sums ? "cluster sums" : "sums kernel"),
+                     fmt::format("{} ({} splits, {}, {})", label, tuning.splits,
+                                 tuning.cluster_sums ? "cluster sums" : "sums kernel",
+                                 tuning.wgmma ? "wgmma where built" : "mma.sync"),
                      b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);
       }
     }

@@ -99,10 +99,15 @@ cudaError_t launch_split_partial_sums(const Tensor& out, const float* partials, 
 // The kernel's knobs, for tests (0: the default): `splits` sets the split of K (and so the order of the
 // sums); cluster_sums off leaves the splits' partials to the sums kernel even where a cluster could add them
 // (the path of GPUs before sm_90).
+// wgmma off takes mma.sync where the code was built for sm_90a (elsewhere it always does).
 struct W4a16GemmTuning {
   int64_t splits = 0;
   bool cluster_sums = true;
+  bool wgmma = true;
 };
+// Reads what the kernel's choices depend on (SMs, clusters, sm_90a code) and sets its attributes: once,
+// before any launch can be inside a stream capture (CudaBackend's constructor).
+void w4a16_gemm_init();
 bool w4a16_gemm_supports(const LinearWeight& w);
 size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
 cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, float* partials,

@@ -4,25 +4,30 @@
 // copy; only the FP32 order of the sums differs. The weights cost a quarter of the copy's bytes, and no copy
 // needs to be kept.
 //
-// mma.sync m16n8k16 BF16 (sm_80+) in the form of the few-row kernels (linear_mma.cu): A = 16 output features
-// x 16 k (the weights), B = 16 k x 8 rows of x. A warp owns kWarpTiles tiles of 16 features and a block
-// kBlockRows rows of x, walked in 128-k chunks. Lane (g = lane / 4, q = lane % 4) loads packed word q of each
-// 32-k block of its features g and g + 8 (one 16-byte load per feature and chunk in the backend's word
-// order, packed_int4_order.h). A word's nibble pairs (i, i + 4) are the mma's k pairs: masked into the
-// mantissa of BF16 128 they read 128 + n, one subtraction leaves n - 8 (exact), one multiply by the group
-// scale rounds the weight. The block stages a chunk of its rows of x in shared memory in the same pairs (one
-// byte permute per pair, once per block), so a lane's B fragments of one 32-k block and 8 rows are one
-// 16-byte load, shared by the warp's tiles. The next chunk's weights and x are loaded while this one is
-// computed (weights into registers, x through registers into the other stage).
+// The weights are the A operand (16 output features x 16 k a warp), x the B operand (16 k x the rows). Lane
+// (g = lane / 4, q = lane % 4) loads packed word q of each 32-k block of its features g and g + 8 (one
+// 16-byte load per feature and 128-k chunk in the backend's word order, packed_int4_order.h). A word's nibble
+// pairs (i, i + 4) are the k pairs of the A fragments: masked into the mantissa of BF16 128 they read 128 +
+// n, one subtraction leaves n - 8 (exact), one multiply by the group scale rounds the weight. The block
+// stages a chunk of its rows of x in shared memory in the same k order (one byte permute per pair, once per
+// block). The next chunk's weights and x are loaded while this one is computed (weights into registers, x
+// through registers into the next stage).
 //
-// K is split over blocks only when the tiles leave the GPU short of blocks; the splits' partials are then
-// added in split order by sum_split_partials_kernel (results do not depend on timing).
+// On sm_90a (this file is built for 90a in place of 90: CMakeLists.txt) the products are wgmma m64n64k16
+// with A from registers and x read from shared memory by the tensor cores (a warpgroup owns two m64 tiles);
+// elsewhere mma.sync m16n8k16 (a warp owns two 16-feature tiles and loads x's fragments itself). A block is
+// 256 features x 64 rows either way.
+//
+// K is split over blocks only when the tiles leave the GPU short of blocks; the splits' partials are added
+// in split order inside a thread block cluster (sm_90+) or by sum_split_partials_kernel (results do not
+// depend on timing).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
@@ -54,9 +59,18 @@ constexpr int kPortableCluster = 8;
 // Fewest chunks a split of K keeps.
 constexpr int64_t kMinChunksPerSplit = 4;
 constexpr int kSumsStride = kBlockFeatures + 4;
-constexpr size_t kStageBytes = 2 * kStageUnits * sizeof(uint4);
+// Stages of x in flight: two for mma.sync (a barrier a chunk ends every warp's reads of the stage written
+// next), three for wgmma (its reads of a chunk's stage end only at a later chunk's wait).
+template <bool kWgmma>
+constexpr int kStages = kWgmma ? 3 : 2;
+constexpr size_t kStageBytes = kStageUnits * sizeof(uint4);
 constexpr size_t kClusterSharedBytes = size_t{kBlockRows} * kSumsStride * sizeof(float);
-static_assert(kClusterSharedBytes >= kStageBytes);
+static_assert(kClusterSharedBytes >= kStages<true> * kStageBytes);
+// wgmma's B operand (x) in shared memory, K-major without swizzle: a k16 step of a stage is kRowGroups core
+// matrices of 8 rows x 16 bytes for k 0-7 of the step, each followed by the one for k 8-15.
+constexpr int kCoreBytes = 128;
+constexpr int kWgmmaStepBytes = kRowGroups * 2 * kCoreBytes;
+static_assert(kWgmmaStepBytes * kChunkK / 16 == static_cast<int>(kStageBytes));
 
 struct GemmArgs {
   float* out;  // [rows, features] at out_stride, or the partials [splits][rows][features] when split
@@ -162,34 +176,74 @@ __device__ inline __nv_bfloat162 block_scale(const uint32_t (&raw)[kScalesPerChu
   return as_bf16x2(byte_permute(half_word, 0, 0x1010));
 }
 
+// The first output feature (within the block) of tile t of warp `warp`: for mma.sync a warp's tiles are
+// adjacent; for wgmma warp w of warpgroup v holds rows 16w .. 16w + 15 of each of the warpgroup's m64 tiles.
+template <bool kWgmma>
+__device__ inline int tile_feature(int warp, int t) {
+  if constexpr (kWgmma)
+    return (warp / 4) * kWarpTiles * 64 + t * 64 + (warp % 4) * kTileFeatures;
+  else
+    return warp * kWarpTiles * kTileFeatures + t * kTileFeatures;
+}
+
 // Shared-memory slot of row r's 16-byte unit j of a staged chunk: units are swizzled by the row's parity, so
 // the 8 lanes of a 16-byte load phase (rows g and g + 1, units 4u .. 4u + 3) hit 8 distinct bank groups.
 __device__ inline int stage_slot(int r, int j) {
   return r * kChunkUnits + (j ^ ((r & 1) << 2));
 }
 
+// Which row (of the block's) and which 16-byte unit of a chunk's row thread `thread` stages as its i-th. For
+// wgmma, warp w stages rows 8w .. 8w + 7, unit (block u = i, word q = lane % 4), so that its stores cover 32
+// banks.
+template <bool kWgmma>
+__device__ inline void x_unit_of(int thread, int i, int& row, int& unit) {
+  if constexpr (kWgmma) {
+    const int lane = thread % kWarpSize;
+    row = (thread / kWarpSize) * 8 + lane / 4;
+    unit = 4 * i + lane % 4;
+  } else {
+    row = (thread + i * kThreads) / kChunkUnits;
+    unit = (thread + i * kThreads) % kChunkUnits;
+  }
+}
+
 // This thread's units of chunk `chunk` of the block's rows of x, in registers (zeros past the last row).
+template <bool kWgmma>
 __device__ inline void load_x_units(uint4 (&units)[kUnitsPerThread], const GemmArgs& a, int64_t first_row,
                                     int64_t chunk) {
 #pragma unroll
   for (int i = 0; i < kUnitsPerThread; ++i) {
-    const int unit = static_cast<int>(threadIdx.x) + i * kThreads;
-    const int64_t row = first_row + unit / kChunkUnits;
-    units[i] = row < a.rows
-                   ? __ldg(a.x + row * (a.in_features / 8) + chunk * kChunkUnits + unit % kChunkUnits)
-                   : make_uint4(0, 0, 0, 0);
+    int r = 0, unit = 0;
+    x_unit_of<kWgmma>(static_cast<int>(threadIdx.x), i, r, unit);
+    const int64_t row = first_row + r;
+    units[i] = row < a.rows ? __ldg(a.x + row * (a.in_features / 8) + chunk * kChunkUnits + unit)
+                            : make_uint4(0, 0, 0, 0);
   }
 }
 
-// The units into a stage, each one's 8 values (v0 .. v7) as the pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7).
+// The units into a stage, each one's 8 values (v0 .. v7) as the pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7):
+// for mma.sync a lane's 16-byte B fragments of one 32-k block; for wgmma the pairs go to the k16 steps' core
+// matrices (pairs 0 and 1: step 2u, k 2q, 2q + 1 of its first and second core matrix; pairs 2 and 3: step
+// 2u + 1), matching the A fragments' k order.
+template <bool kWgmma>
 __device__ inline void store_x_units(uint4* stage, const uint4 (&units)[kUnitsPerThread]) {
 #pragma unroll
   for (int i = 0; i < kUnitsPerThread; ++i) {
-    const int unit = static_cast<int>(threadIdx.x) + i * kThreads;
+    int r = 0, unit = 0;
+    x_unit_of<kWgmma>(static_cast<int>(threadIdx.x), i, r, unit);
     const uint4 v = units[i];
-    stage[stage_slot(unit / kChunkUnits, unit % kChunkUnits)] =
-        make_uint4(byte_permute(v.x, v.z, 0x5410), byte_permute(v.x, v.z, 0x7632),
-                   byte_permute(v.y, v.w, 0x5410), byte_permute(v.y, v.w, 0x7632));
+    const uint32_t pairs[4] = {byte_permute(v.x, v.z, 0x5410), byte_permute(v.x, v.z, 0x7632),
+                               byte_permute(v.y, v.w, 0x5410), byte_permute(v.y, v.w, 0x7632)};
+    if constexpr (kWgmma) {
+      auto* words = reinterpret_cast<uint32_t*>(stage);
+      const int u = unit / 4, q = unit % 4;
+      const int at = (r / 8) * (2 * kCoreBytes / 4) + (r % 8) * 4 + q;
+#pragma unroll
+      for (int p = 0; p < 4; ++p)
+        words[(2 * u + p / 2) * (kWgmmaStepBytes / 4) + (p % 2) * (kCoreBytes / 4) + at] = pairs[p];
+    } else {
+      stage[stage_slot(r, unit)] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
   }
 }
 
@@ -219,10 +273,118 @@ __device__ inline void multiply_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
   }
 }
 
+// wgmma (sm_90a): the A operand (the dequantized weights) from registers, in the mma.sync fragment layout
+// per warp of the warpgroup; B (x) from shared memory through a descriptor: start address, the offset
+// between core matrices adjacent in K (LBO) and in N (SBO), no swizzle. Without sm_90a code these are empty
+// (the host never launches the wgmma kernel then: w4a16_gemm_init).
+__device__ inline uint64_t x_descriptor(const void* step) {
+  const auto address = static_cast<uint64_t>(__cvta_generic_to_shared(step));
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{kCoreBytes >> 4} << 16) |
+         (uint64_t{(2 * kCoreBytes) >> 4} << 32);
+}
+
+__device__ inline void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ inline void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ inline void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Stores of x by this thread before the async proxy (wgmma) reads them.
+__device__ inline void fence_x_for_wgmma() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
+__device__ inline void pin(float (&d)[kRowGroups][4]) {
+#pragma unroll
+  for (int n = 0; n < kRowGroups; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[n][i])::"memory");
+}
+
+// d (64 features x 64 rows, FP32) += A (4 registers: 16 features x 16 k of this warp) B (x: 16 k x 64 rows).
+__device__ inline void wgmma_m64n64k16(float (&d)[kRowGroups][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#endif
+}
+
+// The lane's A fragments of 32-k block u for every tile: low (feature g) and high (g + 8) pairs 0..3; pairs
+// 0, 1 are the k16 step 2u, pairs 2, 3 step 2u + 1.
+template <int kScalesPerChunk>
+__device__ inline void block_fragments(uint32_t (&f)[kWarpTiles][2][4],
+                                       const ChunkWeights<kScalesPerChunk>& w, int u) {
+#pragma unroll
+  for (int t = 0; t < kWarpTiles; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      scaled_nibble_pairs(word_of(w.words[t][h], u), block_scale<kScalesPerChunk>(w.scales[t][h], u),
+                          f[t][h]);
+}
+
+// One staged chunk times the warpgroup's weights of it: per 32-k block two k16 steps of kWarpTiles wgmmas,
+// one commit group. The next block's fragments are made while this one's run, in the other half of
+// `fragments`; a wait for all but the newest group frees that half (it served the block before). The first
+// wait frees the half the previous chunk's third block used.
+template <int kScalesPerChunk>
+__device__ inline void wgmma_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
+                                   const ChunkWeights<kScalesPerChunk>& w, const uint4* stage) {
+  uint32_t fragments[2][kWarpTiles][2][4];
+  wgmma_wait<1>();
+  block_fragments(fragments[0], w, 0);
+#pragma unroll
+  for (int u = 0; u < kChunkBlocks; ++u) {
+    const auto& f = fragments[u % 2];
+    wgmma_fence();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint64_t b =
+          x_descriptor(reinterpret_cast<const char*>(stage) + (2 * u + half) * kWgmmaStepBytes);
+#pragma unroll
+      for (int t = 0; t < kWarpTiles; ++t)
+        wgmma_m64n64k16(acc[t], f[t][0][2 * half], f[t][1][2 * half], f[t][0][2 * half + 1],
+                        f[t][1][2 * half + 1], b);
+    }
+    wgmma_commit();
+    if (u + 1 < kChunkBlocks) {
+      wgmma_wait<1>();
+      block_fragments(fragments[(u + 1) % 2], w, u + 1);
+    }
+  }
+}
+
 // The block's sums into its shared memory ([row][feature], kSumsStride apart; the stages are done with), one
 // cluster barrier, then block `split` writes its share of the tile (float4 units split, split + splits, ...
 // in turns of the block's threads), each value its splits' sums added in split order from zero; a second
 // barrier keeps every block's shared memory until all have read it.
+template <bool kWgmma>
 __device__ inline void add_cluster_splits(const GemmArgs& a, const float (&acc)[kWarpTiles][kRowGroups][4],
                                           float* sums, int64_t block_feature, int64_t first_row, int split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -235,8 +397,8 @@ __device__ inline void add_cluster_splits(const GemmArgs& a, const float (&acc)[
     for (int n = 0; n < kRowGroups; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        sums[(8 * n + 2 * q + i % 2) * kSumsStride + warp * kWarpTiles * kTileFeatures + kTileFeatures * t +
-             g + 8 * (i / 2)] = acc[t][n][i];
+        sums[(8 * n + 2 * q + i % 2) * kSumsStride + tile_feature<kWgmma>(warp, t) + g + 8 * (i / 2)] =
+            acc[t][n][i];
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();
   constexpr int kUnitsPerRow = kBlockFeatures / 4;
@@ -262,18 +424,17 @@ __device__ inline void add_cluster_splits(const GemmArgs& a, const float (&acc)[
 #endif
 }
 
-// Grid: (feature blocks x splits of K, row blocks). The chunks of a split are walked two at a time so that
-// the loaded weights of the next chunk sit in registers of their own (a copy between them would wait for the
-// load).
-template <int kScalesPerChunk>
+// Grid: (feature blocks x splits of K, row blocks); kWgmma: the tensor-core products by wgmma (sm_90a), else
+// by mma.sync. The chunks of a split are walked two at a time so that the loaded weights of the next chunk
+// sit in registers of their own (a copy between them would wait for the load).
+template <int kScalesPerChunk, bool kWgmma>
 __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
-  extern __shared__ uint4 shared[];
+  extern __shared__ __align__(128) uint4 shared[];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
   const int split = static_cast<int>(blockIdx.x) % a.splits;
   const int64_t block_feature = static_cast<int64_t>(blockIdx.x) / a.splits * kBlockFeatures;
-  const int64_t first_feature = block_feature + warp * kWarpTiles * kTileFeatures;
   const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kBlockRows;
   const int64_t chunks = a.in_features / kChunkK;
   const int64_t begin = split * a.chunks_per_split;
@@ -284,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
   for (int t = 0; t < kWarpTiles; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t f = first_feature + kTileFeatures * t + g + 8 * h;
+      const int64_t f = block_feature + tile_feature<kWgmma>(warp, t) + g + 8 * h;
       feature[t][h] = f < a.features ? f : a.features - 1;
     }
 
@@ -294,31 +455,45 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
   wait_for_previous_kernel();
   allow_next_kernel();
   uint4 units[kUnitsPerThread];
-  load_x_units(units, a, first_row, begin);
-  store_x_units(shared, units);
+  load_x_units<kWgmma>(units, a, first_row, begin);
+  store_x_units<kWgmma>(shared, units);
+  if constexpr (kWgmma) fence_x_for_wgmma();
   __syncthreads();
 
   float acc[kWarpTiles][kRowGroups][4] = {};
-  // Chunk c is computed from stage c & 1 while chunk c + 1 is loaded and then staged into the other one; the
-  // barrier after it makes the stage whole, and it also ends every warp's reads of the stage written next.
+  // Chunk c is computed from its stage while chunk c + 1 is loaded and then staged into the next one; the
+  // barrier after it makes that stage whole (kStages says why it ends the reads of the stage written next).
   const auto step = [&](int64_t c, ChunkWeights<kScalesPerChunk>& current,
                         ChunkWeights<kScalesPerChunk>& next) {
     const bool more = c + 1 < end;
     if (more) {
       load_chunk(next, a, feature, c + 1, q);
-      load_x_units(units, a, first_row, c + 1);
+      load_x_units<kWgmma>(units, a, first_row, c + 1);
     }
-    multiply_chunk(acc, current, shared + ((c - begin) & 1) * kStageUnits, g, q);
-    if (more) store_x_units(shared + ((c + 1 - begin) & 1) * kStageUnits, units);
+    const uint4* stage = shared + (c - begin) % kStages<kWgmma> * kStageUnits;
+    if constexpr (kWgmma)
+      wgmma_chunk(acc, current, stage);
+    else
+      multiply_chunk(acc, current, stage, g, q);
+    if (more) {
+      store_x_units<kWgmma>(shared + (c + 1 - begin) % kStages<kWgmma> * kStageUnits, units);
+      if constexpr (kWgmma) fence_x_for_wgmma();
+    }
     __syncthreads();
   };
   for (int64_t c = begin; c < end; c += 2) {
     step(c, even, odd);
     if (c + 1 < end) step(c + 1, odd, even);
   }
+  if constexpr (kWgmma) {
+    wgmma_wait<0>();
+#pragma unroll
+    for (int t = 0; t < kWarpTiles; ++t) pin(acc[t]);
+    __syncthreads();  // every warpgroup's products are done with the stages the sums reuse
+  }
 
   if (a.cluster_sums) {
-    add_cluster_splits(a, acc, reinterpret_cast<float*>(shared), block_feature, first_row, split);
+    add_cluster_splits<kWgmma>(a, acc, reinterpret_cast<float*>(shared), block_feature, first_row, split);
     return;
   }
   float* target = a.out + (a.splits > 1 ? split * a.rows * a.features : 0);
@@ -329,11 +504,19 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
     for (int n = 0; n < kRowGroups; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t f = first_feature + kTileFeatures * t + g + 8 * (i / 2);
+        const int64_t f = block_feature + tile_feature<kWgmma>(warp, t) + g + 8 * (i / 2);
         const int64_t row = first_row + 8 * n + 2 * q + i % 2;
         if (f < a.features && row < a.rows) target[row * target_stride + f] = acc[t][n][i];
       }
 }
+
+// Set to 1 in the code built for sm_90a (wgmma), read by the host once (w4a16_gemm_init).
+__device__ int w4a16_wgmma_built =
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    1;
+#else
+    0;
+#endif
 
 bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
@@ -354,30 +537,45 @@ struct Split {
 struct GemmDevice {
   int multiprocessors = 1;
   int max_cluster = 0;
+  bool wgmma = false;  // the code the device runs was built for sm_90a
 };
+
+// Every instance of the kernel, and what each needs before its first launch: the dynamic shared memory of
+// cluster sums (above the default 48 KB), clusters of up to 16 blocks (tuning may ask for them).
+template <bool kWgmma>
+cudaError_t prepare_kernels() {
+  for (auto* kernel :
+       {w4a16_gemm_kernel<4, kWgmma>, w4a16_gemm_kernel<2, kWgmma>, w4a16_gemm_kernel<1, kWgmma>}) {
+    cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(kClusterSharedBytes));
+    if (status == cudaSuccess && clusters_supported())
+      status = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
+}
 
 const GemmDevice& gemm_device() {
   static const GemmDevice device = [] {
     GemmDevice d;
     int id = 0;
-    if (cudaGetDevice(&id) != cudaSuccess ||
-        cudaDeviceGetAttribute(&d.multiprocessors, cudaDevAttrMultiProcessorCount, id) != cudaSuccess)
-      return GemmDevice{};
+    check_cuda(cudaGetDevice(&id), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&d.multiprocessors, cudaDevAttrMultiProcessorCount, id),
+               "cudaDeviceGetAttribute (SMs)");
+    int built = 0;
+    check_cuda(cudaMemcpyFromSymbol(&built, w4a16_wgmma_built, sizeof(built)), "W4A16 kernel (sm_90a probe)");
+    d.wgmma = built == 1;
+    check_cuda(prepare_kernels<false>(), "W4A16 kernel attributes");
+    check_cuda(prepare_kernels<true>(), "W4A16 kernel attributes");
     if (!clusters_supported()) return d;
-    for (auto* kernel : {w4a16_gemm_kernel<4>, w4a16_gemm_kernel<2>, w4a16_gemm_kernel<1>}) {
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kClusterSharedBytes)) != cudaSuccess ||
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-        return d;
-    }
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(kMaxClusterSplits);
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = kClusterSharedBytes;
     int blocks = 0;
-    if (cudaOccupancyMaxPotentialClusterSize(&blocks, w4a16_gemm_kernel<4>, &config) == cudaSuccess)
-      d.max_cluster = std::min(blocks, kMaxClusterSplits);
-    static_cast<void>(cudaGetLastError());
+    check_cuda(cudaOccupancyMaxPotentialClusterSize(&blocks, w4a16_gemm_kernel<4, false>, &config),
+               "cudaOccupancyMaxPotentialClusterSize (W4A16 kernel)");
+    d.max_cluster = std::min(blocks, kMaxClusterSplits);
     return d;
   }();
   return device;
@@ -392,6 +590,9 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   const GemmDevice& device = gemm_device();
   const int64_t chunks = in_features / kChunkK;
   const bool clusters = tuning.cluster_sums && device.max_cluster > 0;
+  // wgmma blocks in clusters of 16 gave infinite sums on the H200 (a test's tuning; clusters of 2-15 and
+  // mma.sync blocks in clusters of 16 are right): more than 8 of them leave partials to the sums kernel.
+  const int most_in_cluster = tuning.wgmma && device.wgmma ? kPortableCluster : device.max_cluster;
   int64_t wanted = tuning.splits;
   if (wanted <= 0) {
     const int64_t tiles =
@@ -402,20 +603,27 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   }
   const int64_t per_split = (chunks + wanted - 1) / wanted;
   const int64_t splits = (chunks + per_split - 1) / per_split;
-  return {splits, per_split, splits > 1 && clusters && splits <= device.max_cluster};
+  return {splits, per_split, splits > 1 && clusters && splits <= most_in_cluster};
 }
 
-template <int kScalesPerChunk>
+template <int kScalesPerChunk, bool kWgmma>
 cudaError_t launch_gemm(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
-  auto* const kernel = w4a16_gemm_kernel<kScalesPerChunk>;
-  static const cudaError_t allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          static_cast<int>(kClusterSharedBytes));
-  if (allowed != cudaSuccess) return allowed;
-  return launch_kernel_in_clusters(kernel, grid, kThreads, a.cluster_sums ? kClusterSharedBytes : kStageBytes,
+  return launch_kernel_in_clusters(w4a16_gemm_kernel<kScalesPerChunk, kWgmma>, grid, kThreads,
+                                   a.cluster_sums ? kClusterSharedBytes : kStages<kWgmma> * kStageBytes,
                                    a.cluster_sums ? static_cast<unsigned>(a.splits) : 1u, stream, a);
 }
 
+template <int kScalesPerChunk>
+cudaError_t launch_gemm(const GemmArgs& a, dim3 grid, bool wgmma, cudaStream_t stream) {
+  return wgmma ? launch_gemm<kScalesPerChunk, true>(a, grid, stream)
+               : launch_gemm<kScalesPerChunk, false>(a, grid, stream);
+}
+
 }  // namespace
+
+void w4a16_gemm_init() {
+  static_cast<void>(gemm_device());
+}
 
 bool w4a16_gemm_supports(const LinearWeight& w) {
   const int per_chunk = scales_per_chunk(w.group_size);
@@ -453,9 +661,10 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
       static_cast<unsigned>((w.out_features + kBlockFeatures - 1) / kBlockFeatures * split.splits),
       static_cast<unsigned>((out.rows + kBlockRows - 1) / kBlockRows));
   const int per_chunk = scales_per_chunk(w.group_size);
-  const cudaError_t status = per_chunk == 4   ? launch_gemm<4>(a, grid, stream)
-                             : per_chunk == 2 ? launch_gemm<2>(a, grid, stream)
-                                              : launch_gemm<1>(a, grid, stream);
+  const bool wgmma = tuning.wgmma && gemm_device().wgmma;
+  const cudaError_t status = per_chunk == 4   ? launch_gemm<4>(a, grid, wgmma, stream)
+                             : per_chunk == 2 ? launch_gemm<2>(a, grid, wgmma, stream)
+                                              : launch_gemm<1>(a, grid, wgmma, stream);
   if (status != cudaSuccess || !partial) return status;
   return launch_split_partial_sums(out, partials, static_cast<int>(split.splits), stream);
 }
