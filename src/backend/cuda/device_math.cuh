@@ -33,6 +33,14 @@ __device__ inline void bf16x8_to_float(const uint4 raw, float (&out)[8]) {
   }
 }
 
+// (value & mask) | bias in one LOP3 (nvcc emits two for the expression).
+template <uint32_t kMask, uint32_t kBias>
+__device__ inline uint32_t and_or(uint32_t value) {
+  uint32_t result;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(result) : "r"(value), "n"(kMask), "n"(kBias));
+  return result;
+}
+
 // (low, high) rounded to BF16 as one 32-bit pair, low in the low half.
 __device__ inline uint32_t bf16_pair(float low, float high) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);

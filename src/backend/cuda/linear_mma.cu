@@ -126,14 +126,6 @@ __device__ inline float bf16_high(uint32_t pair) {
   return __uint_as_float(pair & 0xFFFF0000u);
 }
 
-// (value & mask) | bias in one LOP3 (nvcc emits two for the expression).
-template <uint32_t kMask, uint32_t kBias>
-__device__ inline uint32_t and_or(uint32_t value) {
-  uint32_t result;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(result) : "r"(value), "n"(kMask), "n"(kBias));
-  return result;
-}
-
 __device__ inline uint32_t half2_bits(__half2 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }

@@ -87,14 +87,6 @@ struct GemmArgs {
   int64_t chunks_per_split;  // the last split may have fewer
 };
 
-// (value & mask) | bias in one LOP3.
-template <uint32_t kMask, uint32_t kBias>
-__device__ inline uint32_t and_or(uint32_t value) {
-  uint32_t result;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(result) : "r"(value), "n"(kMask), "n"(kBias));
-  return result;
-}
-
 __device__ inline uint32_t bf16x2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
