@@ -525,14 +525,13 @@ TEST(CudaOps, GemmLinearW4A16Slices) {
 // The W4A16 many-row kernel (launch_w4a16_gemm, taken by GemmLinear below kW4a16MaxRows rows without a BF16
 // copy; here at every row count) against cuBLAS on the BF16 copy of the same weight (GemmLinear::dequantize)
 // with the same BF16 x: both multiply the same BF16 numbers exactly into FP32, so only the order of the sums
-// differs (measure: max |kernel - cuBLAS| / max
-// |cuBLAS|; over up to 9216 terms ~1e-6). A wrong nibble, pair or scale is an error of the weights' size.
-// Groups 32, 64 (2 scales a chunk), 128 and 256 (one a chunk), K split over blocks (9216, 4096) or not,
-// K 2688 (not a multiple of 256), N 1000 (the last block past N), 2560 and 9216, rows 33 (most of a row
-// block empty), 64, 65, 300 and 2048; at 65 rows also K unsplit, split in 3 and 16 (clusters of 3 and 16
-// blocks; wgmma leaves 16 splits to the sums kernel) and split in 5 with the partials added by the sums
-// kernel (GPUs before sm_90), each by wgmma (the H200's path) and by mma.sync (the path of the GPUs before
-// sm_90).
+// differs (measure: max |kernel - cuBLAS| / max |cuBLAS|; over up to 9216 terms ~1e-6). A wrong nibble, pair
+// or scale is an error of the weights' size. Groups 32, 64 (2 scales a chunk), 128 and 256 (one a chunk), K
+// split over blocks (9216, 4096) or not, K 2688 (not a multiple of 256), N 1000 (the last block past N), 2560
+// and 9216, rows 33 (most of a row block empty), 64, 65, 300 and 2048; at 65 rows also K unsplit, split in 3
+// and 16 (clusters of 3 and 16 blocks) and split in 5 with the partials added by the sums kernel (GPUs before
+// sm_90), each by wgmma (the H200's path: the build makes sm_90a code, so an sm_90 GPU must take it) and by
+// mma.sync (the path of the GPUs before sm_90).
 TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
   std::mt19937 rng(77);
   auto& b = backends();
@@ -541,6 +540,11 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
     int group;
   };
   cuda::GemmLinear gemm(cuda::GemmLinear::kDefaultSliceElements, int64_t{1} << 30);  // the kernel at any M
+  cudaDeviceProp properties{};
+  ASSERT_EQ(cudaGetDeviceProperties(&properties, 0), cudaSuccess);
+  if (properties.major == 9 && properties.minor == 0) {
+    EXPECT_TRUE(cuda::w4a16_gemm_uses_wgmma()) << "an sm_90 GPU runs the kernel's sm_90a code (wgmma)";
+  }
   for (const Case& c : {Case{2560, 9216, 32}, Case{1000, 2688, 64}, Case{2560, 4096, 128},
                         Case{1000, 2560, 256}, Case{9216, 2560, 32}}) {
     const int64_t groups = c.k / c.group;
@@ -576,6 +580,7 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
             cuda::W4a16GemmTuning{0, true, false}, cuda::W4a16GemmTuning{16, true, false},
             cuda::W4a16GemmTuning{5, false, false}}) {
         b.poison(kernel);
+        b.gpu().synchronize();  // the poison goes on the backend's stream, the kernel on the default one
         cuda::DeviceMemory partials(
             std::max<size_t>(1, cuda::w4a16_gemm_partial_floats(rows, quantized, tuning)) * sizeof(float));
         cuda::check_cuda(cuda::launch_w4a16_gemm(kernel.gpu(), x_bf16.data(), quantized,

@@ -108,6 +108,8 @@ struct W4a16GemmTuning {
 // Reads what the kernel's choices depend on (SMs, clusters, sm_90a code) and sets its attributes: once,
 // before any launch can be inside a stream capture (CudaBackend's constructor).
 void w4a16_gemm_init();
+// Whether the products are wgmma's (code built for sm_90a on a GPU that runs it), for the tests.
+bool w4a16_gemm_uses_wgmma();
 bool w4a16_gemm_supports(const LinearWeight& w);
 size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
 cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, float* partials,

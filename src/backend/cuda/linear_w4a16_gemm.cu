@@ -13,10 +13,10 @@
 // block). The next chunk's weights and x are loaded while this one is computed (weights into registers, x
 // through registers into the next stage).
 //
-// On sm_90a (this file is built for 90a in place of 90: CMakeLists.txt) the products are wgmma m64n64k16
-// with A from registers and x read from shared memory by the tensor cores (a warpgroup owns two m64 tiles);
-// elsewhere mma.sync m16n8k16 (a warp owns two 16-feature tiles and loads x's fragments itself). A block is
-// 256 features x 64 rows either way.
+// On sm_90a (this file's 90 build is sm_90a code and compute_90 PTX: CMakeLists.txt) the products are wgmma
+// m64n64k16 with A from registers and x read from shared memory by the tensor cores (a warpgroup owns two m64
+// tiles); elsewhere mma.sync m16n8k16 (a warp owns two 16-feature tiles and loads x's fragments itself). A
+// block is 256 features x 64 rows either way.
 //
 // K is split over blocks only when the tiles leave the GPU short of blocks; the splits' partials are added
 // in split order inside a thread block cluster (sm_90+) or by sum_split_partials_kernel (results do not
@@ -50,7 +50,8 @@ constexpr int kChunkWords = kChunkK / 8;  // packed words a feature and chunk
 constexpr int kStageUnits = kBlockRows * kChunkUnits;
 constexpr int kUnitsPerThread = kStageUnits / kThreads;
 static_assert(kStageUnits % kThreads == 0);
-// Splits of K of one block's tile form a thread block cluster on sm_90+ (at most 16 blocks):
+// Splits of K of one block's tile form a thread block cluster on sm_90+ (the rule asks for at most 8, tests
+// for up to 16):
 // each block leaves its sums in its shared memory, rows kSumsStride floats apart (the lanes of a store, rows
 // 2q and features g, hit distinct banks), and the blocks add them in split order over distributed shared
 // memory, each a share of the tile.
@@ -582,9 +583,6 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   const GemmDevice& device = gemm_device();
   const int64_t chunks = in_features / kChunkK;
   const bool clusters = tuning.cluster_sums && device.max_cluster > 0;
-  // wgmma blocks in clusters of 16 gave infinite sums on the H200 (a test's tuning; clusters of 2-15 and
-  // mma.sync blocks in clusters of 16 are right): more than 8 of them leave partials to the sums kernel.
-  const int most_in_cluster = tuning.wgmma && device.wgmma ? kPortableCluster : device.max_cluster;
   int64_t wanted = tuning.splits;
   if (wanted <= 0) {
     const int64_t tiles =
@@ -595,7 +593,7 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   }
   const int64_t per_split = (chunks + wanted - 1) / wanted;
   const int64_t splits = (chunks + per_split - 1) / per_split;
-  return {splits, per_split, splits > 1 && clusters && splits <= most_in_cluster};
+  return {splits, per_split, splits > 1 && clusters && splits <= device.max_cluster};
 }
 
 template <int kScalesPerChunk, bool kWgmma>
@@ -617,10 +615,15 @@ void w4a16_gemm_init() {
   static_cast<void>(gemm_device());
 }
 
+bool w4a16_gemm_uses_wgmma() {
+  return gemm_device().wgmma;
+}
+
 bool w4a16_gemm_supports(const LinearWeight& w) {
   const int per_chunk = scales_per_chunk(w.group_size);
-  return w.quantized() && w.scales.dtype == DType::BF16 && w.in_features % kChunkK == 0 && per_chunk > 0 &&
-         w.packed.stride % 4 == 0 && aligned(w.packed.data, 16) && w.scales.stride % per_chunk == 0 &&
+  return w.quantized() && w.scales.dtype == DType::BF16 && w.in_features > 0 &&
+         w.in_features % kChunkK == 0 && per_chunk > 0 && w.packed.stride % 4 == 0 &&
+         aligned(w.packed.data, 16) && w.scales.stride % per_chunk == 0 &&
          aligned(w.scales.data, 2 * static_cast<uintptr_t>(per_chunk));
 }
 
@@ -635,6 +638,7 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
   if (out.rows == 0 || w.out_features == 0) return cudaSuccess;
   const Split split = gemm_split(out.rows, w.out_features, w.in_features, tuning);
   const bool partial = split.splits > 1 && !split.cluster_sums;
+  if (partial && partials == nullptr) return cudaErrorInvalidValue;
   const GemmArgs a{partial ? partials : out.ptr<float>(),
                    out.rows <= 1 ? w.out_features : out.stride,
                    static_cast<int>(split.splits),

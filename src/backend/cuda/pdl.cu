@@ -10,7 +10,8 @@ namespace qspec::cuda {
 
 namespace {
 
-// Never launched: compiled with the same architectures as every kernel of the backend, its attributes say
+// Never launched: compiled with the same architectures as every kernel of the backend (the W4A16 prefill
+// kernel's 90 is sm_90a code plus compute_90 PTX: the same virtual architectures), its attributes say
 // which virtual architecture the code the device runs was built for (a build for sm_80 alone runs on an
 // H200 through the compute_80 PTX, whose kernels have no griddepcontrol.wait and no cluster barriers).
 __global__ void pdl_probe_kernel() {
