@@ -50,11 +50,10 @@ constexpr int kChunkWords = kChunkK / 8;  // packed words a feature and chunk
 constexpr int kStageUnits = kBlockRows * kChunkUnits;
 constexpr int kUnitsPerThread = kStageUnits / kThreads;
 static_assert(kStageUnits % kThreads == 0);
-// Splits of K of one block's tile form a thread block cluster on sm_90+ (the rule asks for at most 8, tests
-// for up to 16):
-// each block leaves its sums in its shared memory, rows kSumsStride floats apart (the lanes of a store, rows
-// 2q and features g, hit distinct banks), and the blocks add them in split order over distributed shared
-// memory, each a share of the tile.
+// Splits of K of one block's tile form a thread block cluster on sm_90+ (the split rule asks for at most 8
+// blocks, tests for up to 16): each block leaves its sums in its shared memory, rows kSumsStride floats apart
+// (the lanes of a store, rows 2q and features g, hit distinct banks), and the blocks add them in split order
+// over distributed shared memory, each a share of the tile.
 constexpr int kMaxClusterSplits = 16;
 constexpr int kPortableCluster = 8;
 // Fewest chunks a split of K keeps.
