@@ -41,6 +41,20 @@ __device__ inline uint32_t and_or(uint32_t value) {
   return result;
 }
 
+// Word i of a 16-byte load.
+__device__ inline uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// c += A B on tensor cores, mma.sync m16n8k16 (BF16 in, FP32 accumulate, sm_80+): A's four fragment
+// registers and B's two, in the instruction's register layout.
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // (low, high) rounded to BF16 as one 32-bit pair, low in the low half.
 __device__ inline uint32_t bf16_pair(float low, float high) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);

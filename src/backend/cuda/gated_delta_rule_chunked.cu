@@ -72,10 +72,8 @@ constexpr float kL2NormEps = 1e-6f;
 // holds the 32 lanes' hi registers (one uint4 each), then their lo registers.
 
 __device__ inline void mma_bf16(float (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  const uint32_t registers[4] = {a.x, a.y, a.z, a.w};
+  cuda::mma_bf16(d, registers, b0, b1);  // device_math.cuh's (this name hides it here)
 }
 
 struct SplitA {

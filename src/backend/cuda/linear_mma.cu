@@ -150,10 +150,6 @@ __device__ inline void nibble_pairs(uint32_t word, uint32_t (&pair)[4]) {
   pair[3] = odd(and_or<kHigh, kOne024>(upper));
 }
 
-__device__ inline uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // The A fragments of one 32-k block for features g (low) and g + 8 (high): pair i = k values (i, i + 4) of
 // the lane's 8. mma 0 takes pairs 0 and 1, mma 1 pairs 2 and 3.
 struct BlockFragments {
@@ -388,8 +384,8 @@ struct PackedInt4Weights {
   __device__ static void accumulate(float (&chunk)[kHalves][4], const Loaded& w, int u,
                                     const uint4 (&x)[1][kHalves]) {
     BlockFragments a;
-    nibble_pairs(word(w.low, u), a.low);
-    nibble_pairs(word(w.high, u), a.high);
+    nibble_pairs(word_of(w.low, u), a.low);
+    nibble_pairs(word_of(w.high, u), a.high);
     const float scale_low = scale_of(w.scale_low, u), scale_high = scale_of(w.scale_high, u);
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {

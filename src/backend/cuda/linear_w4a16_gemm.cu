@@ -94,11 +94,6 @@ __device__ inline __nv_bfloat162 as_bf16x2(uint32_t bits) {
   return *reinterpret_cast<const __nv_bfloat162*>(&bits);
 }
 
-// Bytes of a and b chosen by the selector (PRMT).
-__device__ inline uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t selector) {
-  return __byte_perm(a, b, selector);
-}
-
 // A packed word's nibbles as BF16 pairs ((n_i - 8) s, (n_{i+4} - 8) s), i = 0..3, each rounded once: the
 // nibble masked into the mantissa of 128 (BF16 has 7 mantissa bits, so a nibble above bit 3 would reach the
 // exponent: one shift a pair), 136 subtracted (exact), the scale pair multiplied (one rounding).
@@ -109,18 +104,6 @@ __device__ inline void scaled_nibble_pairs(uint32_t word, __nv_bfloat162 scale, 
     const uint32_t biased = and_or<0x000F000Fu, 0x43004300u>(word >> (4 * i));
     pair[i] = bf16x2_bits(__hmul2(__hsub2(as_bf16x2(biased), bias), scale));
   }
-}
-
-__device__ inline void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ inline uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 // A chunk of one lane's weights: word q of each 32-k block for features g and g + 8 of each tile, and their
@@ -165,7 +148,7 @@ __device__ inline __nv_bfloat162 block_scale(const uint32_t (&raw)[kScalesPerChu
     half_word = raw[0] >> (16 * (u / 2));
   else
     half_word = raw[0];
-  return as_bf16x2(byte_permute(half_word, 0, 0x1010));
+  return as_bf16x2(__byte_perm(half_word, 0, 0x1010));
 }
 
 // The first output feature (within the block) of tile t of warp `warp`: for mma.sync a warp's tiles are
@@ -224,8 +207,8 @@ __device__ inline void store_x_units(uint4* stage, const uint4 (&units)[kUnitsPe
     int r = 0, unit = 0;
     x_unit_of<kWgmma>(static_cast<int>(threadIdx.x), i, r, unit);
     const uint4 v = units[i];
-    const uint32_t pairs[4] = {byte_permute(v.x, v.z, 0x5410), byte_permute(v.x, v.z, 0x7632),
-                               byte_permute(v.y, v.w, 0x5410), byte_permute(v.y, v.w, 0x7632)};
+    const uint32_t pairs[4] = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                               __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632)};
     if constexpr (kWgmma) {
       auto* words = reinterpret_cast<uint32_t*>(stage);
       const int u = unit / 4, q = unit % 4;
@@ -258,8 +241,8 @@ __device__ inline void multiply_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
       const uint4 x = stage[stage_slot(8 * n + g, 4 * u + q)];
 #pragma unroll
       for (int t = 0; t < kWarpTiles; ++t) {
-        mma_bf16(acc[t][n], low[t][0], high[t][0], low[t][1], high[t][1], x.x, x.y);
-        mma_bf16(acc[t][n], low[t][2], high[t][2], low[t][3], high[t][3], x.z, x.w);
+        mma_bf16(acc[t][n], {low[t][0], high[t][0], low[t][1], high[t][1]}, x.x, x.y);
+        mma_bf16(acc[t][n], {low[t][2], high[t][2], low[t][3], high[t][3]}, x.z, x.w);
       }
     }
   }
