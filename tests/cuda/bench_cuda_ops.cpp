@@ -238,7 +238,7 @@ void time_prefill_linears(Bench& bench, nlohmann::json& results) {
       with_copies.push_back(quantized.back());
       with_copies.back().dequantized = Tensor::make(DType::BF16, n, k, copy_memory.back().data());
     }
-    for (int64_t rows : {64, 128, 256, 512}) {
+    for (int64_t rows : {64, 128, 256, 512, 1024, 2048}) {
       const Tensor x = bench.activation(rows, k, -1, 1);
       const Tensor out = bench.activation(rows, n, -1, 1);
       const double flop = 2.0 * static_cast<double>(rows * n * k);
@@ -260,6 +260,33 @@ void time_prefill_linears(Bench& bench, nlohmann::json& results) {
                                    time_path(copies, with_copies)));
       results.push_back(
           flop_entry("prefill linear dequantize + cuBLAS " + shape_name, flop, time_path(copies, quantized)));
+      // The kernel at forced splits of K (0: its rule).
+      void* operand = kernel.operand(rows, k, nullptr);
+      cuda::check_cuda(cuda::launch_rows_to_bf16(operand, x, nullptr, cuda::RowGate::None, nullptr),
+                       "x to BF16");
+      std::string sweep_line;
+      for (int64_t splits : {0, 1, 2, 3, 4, 6, 8}) {
+        const cuda::W4a16GemmTuning tuning{splits, true, true};
+        cuda::DeviceMemory partials(
+            std::max<size_t>(1, cuda::w4a16_gemm_partial_floats(rows, quantized[0], tuning)) * sizeof(float));
+        const double seconds =
+            bench.time(
+                [&] {
+                  for (const LinearWeight& w : quantized)
+                    cuda::check_cuda(
+                        cuda::launch_w4a16_gemm(out, operand, w, static_cast<float*>(partials.data()),
+                                                nullptr, tuning),
+                        "W4A16 kernel");
+                },
+                [] { cuda::check_cuda(cudaDeviceSynchronize(), "W4A16 kernel"); }) /
+            kMatrices;
+        results.push_back(
+            flop_entry(fmt::format("sweep W4A16 kernel splits {} {}", splits, shape_name), flop, seconds));
+        sweep_line += fmt::format(" {}:{:.1f}", splits, seconds * 1e6);
+      }
+      const int64_t chosen = cuda::w4a16_gemm_splits(rows, quantized[0]);
+      results.push_back({{"op", fmt::format("W4A16 kernel's own split {}", shape_name)}, {"splits", chosen}});
+      fmt::print("W4A16 kernel {} splits (its own: {}) -> us:{}\n", shape_name, chosen, sweep_line);
     }
   }
 }
@@ -279,8 +306,29 @@ void write_report(const char* out_path, const cudaDeviceProp& properties, const 
 }
 
 // What to time: everything; the linears only (the W4A16 and BF16 shapes, the head, the sweep, the prefill
-// linears: ~20 s, for comparing builds of the linear kernels); or the prefill linears alone.
-enum class BenchScope { All, Linears, PrefillLinears };
+// linears: ~20 s, for comparing builds of the linear kernels); the prefill linears alone; or no timing, two
+// launches of the W4A16 prefill kernel on gate|up at 2,048 rows, for a profiler (`ncu --kernel-name
+// regex:w4a16_gemm_kernel --launch-skip 1 --launch-count 1`).
+enum class BenchScope { All, Linears, PrefillLinears, W4a16Launches };
+
+void launch_w4a16_shapes(Bench& bench) {
+  constexpr int64_t kRows = 2048, kN = 18432, kK = 2560;
+  const LinearWeight w{kN,
+                       kK,
+                       {},
+                       bench.weight(DType::I32, kN, kK / 8, 0, 0),
+                       bench.weight(DType::BF16, kN, kK / 32, 0.002f, 0.02f),
+                       32,
+                       {}};
+  cuda::DeviceMemory x(static_cast<size_t>(kRows * kK) * 2);
+  cuda::check_cuda(cuda::launch_rows_to_bf16(x.data(), bench.activation(kRows, kK, -1, 1), nullptr,
+                                             cuda::RowGate::None, nullptr),
+                   "x to BF16");
+  const Tensor out = bench.activation(kRows, kN, -1, 1);
+  for (int launch = 0; launch < 2; ++launch)
+    cuda::check_cuda(cuda::launch_w4a16_gemm(out, x.data(), w, nullptr, nullptr), "W4A16 kernel");
+  cuda::check_cuda(cudaDeviceSynchronize(), "W4A16 kernel");
+}
 
 int run(const char* out_path, BenchScope scope) {
   int device = 0;
@@ -290,6 +338,10 @@ int run(const char* out_path, BenchScope scope) {
   std::unique_ptr<Backend> backend = make_cuda_backend();
   Bench bench{*backend, {}, {}, {}};
   nlohmann::json results = nlohmann::json::array();
+  if (scope == BenchScope::W4a16Launches) {
+    launch_w4a16_shapes(bench);
+    return 0;
+  }
   if (scope == BenchScope::PrefillLinears) {
     time_prefill_linears(bench, results);
     write_report(out_path, properties, results);
@@ -571,9 +623,10 @@ int main(int argc, char** argv) {
   const auto scope = scope_name == "all"               ? std::optional(qspec::BenchScope::All)
                      : scope_name == "linears"         ? std::optional(qspec::BenchScope::Linears)
                      : scope_name == "prefill-linears" ? std::optional(qspec::BenchScope::PrefillLinears)
+                     : scope_name == "w4a16-launches"  ? std::optional(qspec::BenchScope::W4a16Launches)
                                                        : std::nullopt;
   if ((argc != 2 && argc != 3) || !scope) {
-    std::cerr << "usage: qspec_cuda_bench OUT.json [linears|prefill-linears]\n";
+    std::cerr << "usage: qspec_cuda_bench OUT.json [linears|prefill-linears|w4a16-launches]\n";
     return 2;
   }
   try {

@@ -27,10 +27,11 @@ class GemmLinear {
   static constexpr int64_t kDefaultSliceElements = int64_t{64} << 20;
   // Below this many rows of x, W4A16 weights without a BF16 copy go to their own tensor-core kernel
   // (launch_w4a16_gemm) instead of being dequantized for cuBLAS. On the H200 (qspec_cuda_bench
-  // prefill-linears, the 4B's body shapes, wgmma) the kernel takes 0.35-0.45x the time of dequantize +
-  // cuBLAS at 64 rows, 0.5-1.0x at 128 and 0.85-1.4x at 256; cuBLAS on a kept copy takes 0.9-1.2x the
-  // kernel's time at 64 rows and 0.5-0.75x at 128, so a copy, where there is one, is used instead.
-  static constexpr int64_t kW4a16MaxRows = 192;
+  // prefill-linears, the 4B's body shapes, wgmma) the kernel takes 0.34-0.44x the time of dequantize +
+  // cuBLAS at 64 rows, 0.49-0.62x at 128, 0.84-0.98x at 256 and 1.0-1.42x at 512; cuBLAS on a kept copy
+  // takes 0.9-1.04x the kernel's time at 64 rows and 0.56-0.8x at 128, so a copy, where there is one, is
+  // used instead.
+  static constexpr int64_t kW4a16MaxRows = 384;
   // max_slice_elements: at most this many dequantized values at a time (a smaller bound tests the slicing);
   // w4a16_max_rows: calls with fewer rows of x take the W4A16 kernel (0: never; benchmarks compare the
   // paths).

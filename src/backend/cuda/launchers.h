@@ -111,6 +111,8 @@ void w4a16_gemm_init();
 // Whether the products are wgmma's (code built for sm_90a on a GPU that runs it), for the tests.
 bool w4a16_gemm_uses_wgmma();
 bool w4a16_gemm_supports(const LinearWeight& w);
+// The splits of K a call takes (for the benchmarks).
+int64_t w4a16_gemm_splits(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
 size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
 cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, float* partials,
                               cudaStream_t stream, const W4a16GemmTuning& tuning = {});

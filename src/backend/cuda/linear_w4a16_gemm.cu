@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_math.cuh"
@@ -56,8 +57,11 @@ static_assert(kStageUnits % kThreads == 0);
 // over distributed shared memory, each a share of the tile.
 constexpr int kMaxClusterSplits = 16;
 constexpr int kPortableCluster = 8;
-// Fewest chunks a split of K keeps.
+// Fewest chunks a split of K keeps, and what a split costs beside its chunks (its first loads, which nothing
+// hides, and its sums), in chunks: fitted to the H200's times of the 4B's shapes at 64-256 rows, where a
+// wave of blocks takes (chunks a split + 4.5) x ~1.3 us.
 constexpr int64_t kMinChunksPerSplit = 4;
+constexpr int64_t kSplitCostChunks = 4;
 constexpr int kSumsStride = kBlockFeatures + 4;
 // Stages of x in flight: two for mma.sync (a barrier a chunk ends every warp's reads of the stage written
 // next), three for wgmma (its reads of a chunk's stage end only at a later chunk's wait).
@@ -507,12 +511,17 @@ struct Split {
   bool cluster_sums;
 };
 
-// What the split depends on: the SMs, and the largest cluster of the kernel's blocks the GPU can schedule
-// (0 without clusters; up to 16 with the non-portable size where the GPU allows it, as the H200 does).
+// What the split depends on: the SMs, the largest cluster of the kernel's blocks the GPU can schedule (0
+// without clusters; up to 16 with the non-portable size where the GPU allows it, as the H200 does), and how
+// many tiles can run at once split s ways: in clusters of s blocks, the clusters the GPU holds at once (a
+// cluster's blocks share a GPC, so sizes that do not divide a GPC's SMs leave some idle), else the resident
+// blocks over s.
 struct GemmDevice {
   int multiprocessors = 1;
   int max_cluster = 0;
   bool wgmma = false;  // the code the device runs was built for sm_90a
+  int resident_blocks = 1;
+  int concurrent_clusters[kPortableCluster + 1] = {};  // [s]: clusters of s blocks at once
 };
 
 // Every instance of the kernel, and what each needs before its first launch: the dynamic shared memory of
@@ -530,6 +539,25 @@ cudaError_t prepare_kernels() {
   return cudaSuccess;
 }
 
+// The clusters of `blocks` blocks (cluster sums' shared memory) the GPU holds at once.
+int clusters_at_once(void (*kernel)(GemmArgs), int blocks) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(blocks);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kClusterSharedBytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config),
+             "cudaOccupancyMaxActiveClusters (W4A16 kernel)");
+  return clusters;
+}
+
 const GemmDevice& gemm_device() {
   static const GemmDevice device = [] {
     GemmDevice d;
@@ -542,40 +570,61 @@ const GemmDevice& gemm_device() {
     d.wgmma = built == 1;
     check_cuda(prepare_kernels<false>(), "W4A16 kernel attributes");
     check_cuda(prepare_kernels<true>(), "W4A16 kernel attributes");
+    auto* const kernel = d.wgmma ? w4a16_gemm_kernel<4, true> : w4a16_gemm_kernel<4, false>;
+    int per_multiprocessor = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads,
+                                                             kClusterSharedBytes),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (W4A16 kernel)");
+    d.resident_blocks = std::max(1, per_multiprocessor) * d.multiprocessors;
     if (!clusters_supported()) return d;
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(kMaxClusterSplits);
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = kClusterSharedBytes;
     int blocks = 0;
-    check_cuda(cudaOccupancyMaxPotentialClusterSize(&blocks, w4a16_gemm_kernel<4, false>, &config),
+    check_cuda(cudaOccupancyMaxPotentialClusterSize(&blocks, kernel, &config),
                "cudaOccupancyMaxPotentialClusterSize (W4A16 kernel)");
     d.max_cluster = std::min(blocks, kMaxClusterSplits);
+    for (int s = 2; s <= std::min(d.max_cluster, kPortableCluster); ++s)
+      d.concurrent_clusters[s] = clusters_at_once(kernel, s);
     return d;
   }();
   return device;
 }
 
-// Splits of K that fill the GPU with one wave of blocks (one block an SM): as many as fit beside the tiles,
-// each of at least kMinChunksPerSplit chunks, at most max_cluster (added inside the cluster) where the GPU
-// has clusters (8, the portable size, unless tuned), else left as partials for the sums kernel. More splits
-// than fit in one wave ran slower at 64 rows of x (the tiles of a second wave; clusters of 13-16 blocks
-// waiting for free SMs of one GPC).
+// The split of K with the least estimated time: waves of blocks x (chunks a split + kSplitCostChunks), over
+// splits of at least kMinChunksPerSplit chunks, at most 8 (the portable cluster size); added inside
+// clusters where the GPU has them (up to max_cluster), else left as partials for the sums kernel. Ties go
+// to fewer splits. A forced split (tuning) may be any count.
 Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const W4a16GemmTuning& tuning) {
   const GemmDevice& device = gemm_device();
   const int64_t chunks = in_features / kChunkK;
   const bool clusters = tuning.cluster_sums && device.max_cluster > 0;
-  int64_t wanted = tuning.splits;
-  if (wanted <= 0) {
-    const int64_t tiles =
-        ((out_features + kBlockFeatures - 1) / kBlockFeatures) * ((rows + kBlockRows - 1) / kBlockRows);
-    wanted = std::max<int64_t>(1, device.multiprocessors / tiles);
-    wanted = std::min(wanted, std::max<int64_t>(1, chunks / kMinChunksPerSplit));
-    if (clusters) wanted = std::min<int64_t>(wanted, std::min(device.max_cluster, kPortableCluster));
+  auto split_of = [&](int64_t wanted) {
+    const int64_t per_split = (chunks + wanted - 1) / wanted;
+    const int64_t splits = (chunks + per_split - 1) / per_split;
+    return Split{splits, per_split, splits > 1 && clusters && splits <= device.max_cluster};
+  };
+  if (tuning.splits > 0) return split_of(tuning.splits);
+  const int64_t tiles =
+      ((out_features + kBlockFeatures - 1) / kBlockFeatures) * ((rows + kBlockRows - 1) / kBlockRows);
+  Split best = split_of(1);
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  for (int64_t wanted = 1; wanted <= kPortableCluster; ++wanted) {
+    const Split split = split_of(wanted);
+    if (split.splits != wanted || (wanted > 1 && split.chunks_per_split < kMinChunksPerSplit)) continue;
+    const int64_t at_once = wanted == 1          ? device.resident_blocks
+                            : split.cluster_sums ? device.concurrent_clusters[wanted]
+                                                 : device.resident_blocks / wanted;
+    if (at_once <= 0) continue;
+    const int64_t waves = (tiles + at_once - 1) / at_once;
+    const int64_t cost = waves * (split.chunks_per_split + kSplitCostChunks);
+    if (cost < best_cost) {
+      best = split;
+      best_cost = cost;
+    }
   }
-  const int64_t per_split = (chunks + wanted - 1) / wanted;
-  const int64_t splits = (chunks + per_split - 1) / per_split;
-  return {splits, per_split, splits > 1 && clusters && splits <= device.max_cluster};
+  return best;
 }
 
 template <int kScalesPerChunk, bool kWgmma>
@@ -607,6 +656,10 @@ bool w4a16_gemm_supports(const LinearWeight& w) {
          w.in_features % kChunkK == 0 && per_chunk > 0 && w.packed.stride % 4 == 0 &&
          aligned(w.packed.data, 16) && w.scales.stride % per_chunk == 0 &&
          aligned(w.scales.data, 2 * static_cast<uintptr_t>(per_chunk));
+}
+
+int64_t w4a16_gemm_splits(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
+  return gemm_split(rows, w.out_features, w.in_features, tuning).splits;
 }
 
 size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
