@@ -56,7 +56,7 @@ const std::vector<WeightsFirst> kWeightsBeforeWait = {{"linear_mma_kernel(", "st
                                                       {"linear_row_kernel(", "stage_x"},
                                                       {"gdn_mixer_kernel(", "load_state_block"},
                                                       {"gdn_mixer_finish_kernel(", "a.norm_partials"},
-                                                      {"w4a16_gemm_kernel(", "load_x_units<kWgmma>(units"}};
+                                                      {"w4a16_gemm_kernel(", "a.x + image"}};
 
 // The kernels whose next launch is cuBLAS's only wait (pdl.cuh).
 const std::vector<std::string> kWaitOnly = {"rows_to_bf16_kernel(", "dequantize_w4a16_kernel("};

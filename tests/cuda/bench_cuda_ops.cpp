@@ -260,32 +260,32 @@ void time_prefill_linears(Bench& bench, nlohmann::json& results) {
                                    time_path(copies, with_copies)));
       results.push_back(
           flop_entry("prefill linear dequantize + cuBLAS " + shape_name, flop, time_path(copies, quantized)));
-      // The kernel at forced splits of K (0: its rule).
+      // The kernel's block shapes (64 or 128 rows of x a block) at forced splits of K (0: its rule).
       void* operand = kernel.operand(rows, k, nullptr);
       cuda::check_cuda(cuda::launch_rows_to_bf16(operand, x, nullptr, cuda::RowGate::None, nullptr),
                        "x to BF16");
       std::string sweep_line;
-      for (int64_t splits : {0, 1, 2, 3, 4, 6, 8}) {
-        const cuda::W4a16GemmTuning tuning{splits, true, true};
-        cuda::DeviceMemory partials(
-            std::max<size_t>(1, cuda::w4a16_gemm_partial_floats(rows, quantized[0], tuning)) * sizeof(float));
-        const double seconds =
-            bench.time(
-                [&] {
-                  for (const LinearWeight& w : quantized)
-                    cuda::check_cuda(
-                        cuda::launch_w4a16_gemm(out, operand, w, static_cast<float*>(partials.data()),
-                                                nullptr, tuning),
-                        "W4A16 kernel");
-                },
-                [] { cuda::check_cuda(cudaDeviceSynchronize(), "W4A16 kernel"); }) /
-            kMatrices;
-        results.push_back(
-            flop_entry(fmt::format("sweep W4A16 kernel splits {} {}", splits, shape_name), flop, seconds));
-        sweep_line += fmt::format(" {}:{:.1f}", splits, seconds * 1e6);
-      }
+      for (int block_rows : {64, 128})
+        for (int64_t splits : {0, 1, 2, 4, 8}) {
+          const cuda::W4a16GemmTuning tuning{splits, true, true, block_rows};
+          cuda::DeviceMemory workspace(
+              std::max<size_t>(1, cuda::w4a16_gemm_workspace_bytes(rows, quantized[0], tuning)));
+          const double seconds =
+              bench.time(
+                  [&] {
+                    for (const LinearWeight& w : quantized)
+                      cuda::check_cuda(
+                          cuda::launch_w4a16_gemm(out, operand, w, workspace.data(), nullptr, tuning),
+                          "W4A16 kernel");
+                  },
+                  [] { cuda::check_cuda(cudaDeviceSynchronize(), "W4A16 kernel"); }) /
+              kMatrices;
+          results.push_back(flop_entry(
+              fmt::format("sweep W4A16 kernel {} rows a block, splits {} {}", block_rows, splits, shape_name),
+              flop, seconds));
+          sweep_line += fmt::format(" {}r/{}s:{:.1f}", block_rows, splits, seconds * 1e6);
+        }
       const int64_t chosen = cuda::w4a16_gemm_splits(rows, quantized[0]);
-      results.push_back({{"op", fmt::format("W4A16 kernel's own split {}", shape_name)}, {"splits", chosen}});
       fmt::print("W4A16 kernel {} splits (its own: {}) -> us:{}\n", shape_name, chosen, sweep_line);
     }
   }
@@ -307,8 +307,9 @@ void write_report(const char* out_path, const cudaDeviceProp& properties, const 
 
 // What to time: everything; the linears only (the W4A16 and BF16 shapes, the head, the sweep, the prefill
 // linears: ~20 s, for comparing builds of the linear kernels); the prefill linears alone; or no timing, two
-// launches of the W4A16 prefill kernel on gate|up at 2,048 rows, for a profiler (`ncu --kernel-name
-// regex:w4a16_gemm_kernel --launch-skip 1 --launch-count 1`).
+// launches of the W4A16 prefill kernel per block shape on gate|up at 2,048 rows, for a profiler (`ncu
+// --kernel-name regex:w4a16_gemm_kernel --launch-skip 1 --launch-count 1` takes 64 rows a block,
+// `--launch-skip 3` 128).
 enum class BenchScope { All, Linears, PrefillLinears, W4a16Launches };
 
 void launch_w4a16_shapes(Bench& bench) {
@@ -325,8 +326,13 @@ void launch_w4a16_shapes(Bench& bench) {
                                              cuda::RowGate::None, nullptr),
                    "x to BF16");
   const Tensor out = bench.activation(kRows, kN, -1, 1);
-  for (int launch = 0; launch < 2; ++launch)
-    cuda::check_cuda(cuda::launch_w4a16_gemm(out, x.data(), w, nullptr, nullptr), "W4A16 kernel");
+  for (int block_rows : {64, 128}) {
+    const cuda::W4a16GemmTuning tuning{0, true, true, block_rows};
+    cuda::DeviceMemory workspace(std::max<size_t>(1, cuda::w4a16_gemm_workspace_bytes(kRows, w, tuning)));
+    for (int launch = 0; launch < 2; ++launch)
+      cuda::check_cuda(cuda::launch_w4a16_gemm(out, x.data(), w, workspace.data(), nullptr, tuning),
+                       "W4A16 kernel");
+  }
   cuda::check_cuda(cudaDeviceSynchronize(), "W4A16 kernel");
 }
 

@@ -569,30 +569,33 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
       const std::vector<float> expected = b.read_gpu(reference.gpu());
       expect_close("linear", label, b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);
       if (rows != 65) continue;
-      // Other splits of K: none, 3 and 16 (the largest cluster), and partials added by the sums kernel.
+      // Other splits of K: none, 3 and 16 (the largest cluster), and partials added by the sums kernel;
+      // blocks of 64 rows (two here) and of 128 (one, 63 rows past the end).
       cuda::DeviceMemory x_bf16(static_cast<size_t>(rows * c.k) * 2);
       cuda::check_cuda(
           cuda::launch_rows_to_bf16(x_bf16.data(), x.gpu(), nullptr, cuda::RowGate::None, nullptr),
           "x to BF16");
-      for (const cuda::W4a16GemmTuning tuning :
-           {cuda::W4a16GemmTuning{1, true, true}, cuda::W4a16GemmTuning{3, true, true},
-            cuda::W4a16GemmTuning{16, true, true}, cuda::W4a16GemmTuning{5, false, true},
-            cuda::W4a16GemmTuning{0, true, false}, cuda::W4a16GemmTuning{16, true, false},
-            cuda::W4a16GemmTuning{5, false, false}}) {
-        b.poison(kernel);
-        b.gpu().synchronize();  // the poison goes on the backend's stream, the kernel on the default one
-        cuda::DeviceMemory partials(
-            std::max<size_t>(1, cuda::w4a16_gemm_partial_floats(rows, quantized, tuning)) * sizeof(float));
-        cuda::check_cuda(cuda::launch_w4a16_gemm(kernel.gpu(), x_bf16.data(), quantized,
-                                                 static_cast<float*>(partials.data()), nullptr, tuning),
-                         "W4A16 kernel");
-        ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
-        expect_close("linear",
-                     fmt::format("{} ({} splits, {}, {})", label, tuning.splits,
-                                 tuning.cluster_sums ? "cluster sums" : "sums kernel",
-                                 tuning.wgmma ? "wgmma where built" : "mma.sync"),
-                     b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);
-      }
+      for (const int block_rows : {64, 128})
+        for (cuda::W4a16GemmTuning tuning :
+             {cuda::W4a16GemmTuning{1, true, true}, cuda::W4a16GemmTuning{3, true, true},
+              cuda::W4a16GemmTuning{16, true, true}, cuda::W4a16GemmTuning{5, false, true},
+              cuda::W4a16GemmTuning{0, true, false}, cuda::W4a16GemmTuning{16, true, false},
+              cuda::W4a16GemmTuning{5, false, false}}) {
+          tuning.block_rows = block_rows;
+          b.poison(kernel);
+          b.gpu().synchronize();  // the poison goes on the backend's stream, the kernel on the default one
+          cuda::DeviceMemory workspace(
+              std::max<size_t>(1, cuda::w4a16_gemm_workspace_bytes(rows, quantized, tuning)));
+          cuda::check_cuda(cuda::launch_w4a16_gemm(kernel.gpu(), x_bf16.data(), quantized, workspace.data(),
+                                                   nullptr, tuning),
+                           "W4A16 kernel");
+          ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+          expect_close("linear",
+                       fmt::format("{} ({} splits, {}, {}, {} rows a block)", label, tuning.splits,
+                                   tuning.cluster_sums ? "cluster sums" : "sums kernel",
+                                   tuning.wgmma ? "wgmma where built" : "mma.sync", tuning.block_rows),
+                       b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);
+        }
     }
   }
 }

@@ -108,9 +108,9 @@ void GemmLinear::multiply(const Tensor& out, const void* x_bf16, const LinearWei
   // Without a BF16 copy, few rows take the W4A16 kernel (it reads a quarter of the bytes the dequantization
   // writes and cuBLAS reads back); with one, cuBLAS on the copy is faster (kW4a16MaxRows, gemm_linear.h).
   if (w.dequantized.empty() && out.rows < w4a16_max_rows_ && w4a16_gemm_supports(w)) {
-    const size_t floats = w4a16_gemm_partial_floats(out.rows, w);
-    auto* partials = static_cast<float*>(floats > 0 ? scratch(partials_, floats * sizeof(float)) : nullptr);
-    check_cuda(launch_w4a16_gemm(out, x_bf16, w, partials, stream), "linear (W4A16 tensor cores)");
+    const size_t bytes = w4a16_gemm_workspace_bytes(out.rows, w);
+    void* workspace = bytes > 0 ? scratch(w4a16_workspace_, bytes) : nullptr;
+    check_cuda(launch_w4a16_gemm(out, x_bf16, w, workspace, stream), "linear (W4A16 tensor cores)");
     return;
   }
   // BF16 weights, or a W4A16 weight's kept BF16 copy: from kL2SliceMinRows rows on, the slices that stay in

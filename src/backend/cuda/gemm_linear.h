@@ -27,11 +27,11 @@ class GemmLinear {
   static constexpr int64_t kDefaultSliceElements = int64_t{64} << 20;
   // Below this many rows of x, W4A16 weights without a BF16 copy go to their own tensor-core kernel
   // (launch_w4a16_gemm) instead of being dequantized for cuBLAS. On the H200 (qspec_cuda_bench
-  // prefill-linears, the 4B's body shapes, wgmma) the kernel takes 0.34-0.44x the time of dequantize +
-  // cuBLAS at 64 rows, 0.49-0.62x at 128, 0.84-0.98x at 256 and 1.0-1.42x at 512; cuBLAS on a kept copy
-  // takes 0.9-1.04x the kernel's time at 64 rows and 0.56-0.8x at 128, so a copy, where there is one, is
+  // prefill-linears, the 4B's four body shapes together, wgmma) the kernel takes 0.34x the time of
+  // dequantize + cuBLAS at 64 rows, 0.48x at 128, 0.86x at 512, 0.95x at 1,024 and 1.09x at 2,048; cuBLAS on
+  // a kept copy takes 1.05x the kernel's time at 64 rows and 0.8x at 128, so a copy, where there is one, is
   // used instead.
-  static constexpr int64_t kW4a16MaxRows = 384;
+  static constexpr int64_t kW4a16MaxRows = 1536;
   // max_slice_elements: at most this many dequantized values at a time (a smaller bound tests the slicing);
   // w4a16_max_rows: calls with fewer rows of x take the W4A16 kernel (0: never; benchmarks compare the
   // paths).
@@ -72,7 +72,7 @@ class GemmLinear {
   int64_t max_slice_elements_;
   int64_t w4a16_max_rows_;  // fewer rows of x than this take launch_w4a16_gemm (W4A16 weights, no copy)
   cublasHandle_t handle_ = nullptr;
-  DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_, partials_;
+  DeviceMemory cublas_workspace_, x_bf16_, weight_bf16_, w4a16_workspace_;
   uint64_t scratch_generation_ = 0;
 };
 

@@ -94,8 +94,9 @@ cudaError_t launch_split_partial_sums(const Tensor& out, const float* partials, 
 // linear_w4a16_gemm.cu: out = x W^T for many rows of x (prefill chunks) from W4A16 weights on tensor cores,
 // x in BF16 [out.rows, K] (contiguous, 16-byte aligned: GemmLinear's operand) and each weight rounded to BF16
 // as the BF16 copy rounds it (GemmLinear::dequantize), FP32 sums. Takes BF16 scales, K a multiple of 128 and
-// group 32, 64 or a multiple of 128 (w4a16_gemm_supports). `partials` holds w4a16_gemm_partial_floats(...)
-// floats (none when K is not split or the splits are added in a cluster).
+// group 32, 64 or a multiple of 128 (w4a16_gemm_supports). `workspace` holds w4a16_gemm_workspace_bytes(...)
+// bytes (16-byte aligned): for wgmma x in the layout of its shared-memory stages, and the split partials
+// where a cluster does not add them.
 // The kernel's knobs, for tests (0: the default): `splits` sets the split of K (and so the order of the
 // sums); cluster_sums off leaves the splits' partials to the sums kernel even where a cluster could add them
 // (the path of GPUs before sm_90).
@@ -104,6 +105,7 @@ struct W4a16GemmTuning {
   int64_t splits = 0;
   bool cluster_sums = true;
   bool wgmma = true;
+  int block_rows = 0;  // rows of x a block takes: 64 or 128 (0: by the call's rows)
 };
 // Reads what the kernel's choices depend on (SMs, clusters, sm_90a code) and sets its attributes: once,
 // before any launch can be inside a stream capture (CudaBackend's constructor).
@@ -113,8 +115,8 @@ bool w4a16_gemm_uses_wgmma();
 bool w4a16_gemm_supports(const LinearWeight& w);
 // The splits of K a call takes (for the benchmarks).
 int64_t w4a16_gemm_splits(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
-size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
-cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, float* partials,
+size_t w4a16_gemm_workspace_bytes(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning = {});
+cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, void* workspace,
                               cudaStream_t stream, const W4a16GemmTuning& tuning = {});
 
 // linear_gemm.cu: the BF16 operands of the many-row linear (gemm_linear.h). out holds x.rows * x.cols BF16

@@ -8,19 +8,20 @@
 // (g = lane / 4, q = lane % 4) loads packed word q of each 32-k block of its features g and g + 8 (one
 // 16-byte load per feature and 128-k chunk in the backend's word order, packed_int4_order.h). A word's nibble
 // pairs (i, i + 4) are the k pairs of the A fragments: masked into the mantissa of BF16 128 they read 128 +
-// n, one subtraction leaves n - 8 (exact), one multiply by the group scale rounds the weight. The block
-// stages a chunk of its rows of x in shared memory in the same k order (one byte permute per pair, once per
-// block). The next chunk's weights and x are loaded while this one is computed (weights into registers, x
-// through registers into the next stage).
+// n, one subtraction leaves n - 8 (exact), one multiply by the group scale rounds the weight. x must be in
+// the same k order. The next chunk's weights are loaded into registers while this one is computed.
 //
 // On sm_90a (this file's 90 build is sm_90a code and compute_90 PTX: CMakeLists.txt) the products are wgmma
-// m64n64k16 with A from registers and x read from shared memory by the tensor cores (a warpgroup owns two m64
-// tiles); elsewhere mma.sync m16n8k16 (a warp owns two 16-feature tiles and loads x's fragments itself). A
-// block is 256 features x 64 rows either way.
+// with A from registers and x read from shared memory by the tensor cores: a block is 128 features x 128 rows
+// (m64n128k16, a warpgroup's m64 tile) or, for calls of at most 64 rows, 256 x 64 (m64n64k16, two tiles a
+// warpgroup). x is first put once per call in the layout and k order of the block's shared-memory stages
+// (w4a16_x_images_kernel), so that one bulk copy (TMA) fills a stage, a chunk ahead. Elsewhere mma.sync
+// m16n8k16: 256 features x 64 rows, a warp owning two 16-feature tiles, each block pairing its x (one byte
+// permute per pair) into shared memory through registers a chunk ahead.
 //
-// K is split over blocks only when the tiles leave the GPU short of blocks; the splits' partials are added
-// in split order inside a thread block cluster (sm_90+) or by sum_split_partials_kernel (results do not
-// depend on timing).
+// K is split over blocks where the tiles leave the GPU short of blocks; the splits' partials are added in
+// split order inside a thread block cluster (sm_90+) or by sum_split_partials_kernel (results do not depend
+// on timing).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "backend/cuda/cp_async.cuh"  // shared_address
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
@@ -40,17 +42,10 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kTileFeatures = 16;
-constexpr int kWarpTiles = 2;
-constexpr int kBlockFeatures = kWarps * kWarpTiles * kTileFeatures;
-constexpr int kBlockRows = 64;
-constexpr int kRowGroups = kBlockRows / 8;  // the mma's n8 columns
 constexpr int kChunkK = 128;
 constexpr int kChunkBlocks = 4;           // 32-k blocks a chunk
 constexpr int kChunkUnits = kChunkK / 8;  // 16-byte units of x (8 values) a row and chunk
 constexpr int kChunkWords = kChunkK / 8;  // packed words a feature and chunk
-constexpr int kStageUnits = kBlockRows * kChunkUnits;
-constexpr int kUnitsPerThread = kStageUnits / kThreads;
-static_assert(kStageUnits % kThreads == 0);
 // Splits of K of one block's tile form a thread block cluster on sm_90+ (the split rule asks for at most 8
 // blocks, tests for up to 16): each block leaves its sums in its shared memory, rows kSumsStride floats apart
 // (the lanes of a store, rows 2q and features g, hit distinct banks), and the blocks add them in split order
@@ -62,26 +57,51 @@ constexpr int kPortableCluster = 8;
 // wave of blocks takes (chunks a split + 4.5) x ~1.3 us.
 constexpr int64_t kMinChunksPerSplit = 4;
 constexpr int64_t kSplitCostChunks = 4;
-constexpr int kSumsStride = kBlockFeatures + 4;
-// Stages of x in flight: two for mma.sync (a barrier a chunk ends every warp's reads of the stage written
-// next), three for wgmma (its reads of a chunk's stage end only at a later chunk's wait).
+// Stages of x: two for mma.sync (a barrier a chunk ends every warp's reads of the stage written next); for
+// wgmma a ring whose images are copied kImagesAhead chunks ahead, beside the stage of the chunk being
+// computed and the one the previous chunk's last products may still read. One chunk ahead (96 KB for 128
+// rows) beat two (128 KB) at every shape on the H200: M = 2,048 gate|up 427 -> 379 us, M = 128 50 -> 39.
+constexpr int kImagesAhead = 1;
 template <bool kWgmma>
-constexpr int kStages = kWgmma ? 3 : 2;
-constexpr size_t kStageBytes = kStageUnits * sizeof(uint4);
-constexpr size_t kClusterSharedBytes = size_t{kBlockRows} * kSumsStride * sizeof(float);
-static_assert(kClusterSharedBytes >= kStages<true> * kStageBytes);
-// wgmma's B operand (x) in shared memory, K-major without swizzle: a k16 step of a stage is kRowGroups core
-// matrices of 8 rows x 16 bytes for k 0-7 of the step, each followed by the one for k 8-15.
+constexpr int kStages = kWgmma ? kImagesAhead + 2 : 2;
+// wgmma's B operand (x) in shared memory, K-major without swizzle: a k16 step of a stage is the row groups'
+// core matrices of 8 rows x 16 bytes for k 0-7 of the step, each followed by the one for k 8-15.
 constexpr int kCoreBytes = 128;
-constexpr int kWgmmaStepBytes = kRowGroups * 2 * kCoreBytes;
-static_assert(kWgmmaStepBytes * kChunkK / 16 == static_cast<int>(kStageBytes));
+
+// A block's share of the output: kRows rows of x (64 or 128) by kFeatures output features, with 64 FP32
+// sums a thread either way. A warp owns kTiles 16-feature tiles (for wgmma a warpgroup owns kTiles m64 tiles
+// and the products are m64 n kRows): with 128 rows each dequantized weight serves twice the rows.
+template <int kBlockRows>
+struct BlockShape {
+  static constexpr int kRows = kBlockRows;
+  static constexpr int kTiles = 128 / kRows;
+  static constexpr int kFeatures = kWarps * kTiles * kTileFeatures;
+  static constexpr int kRowGroups = kRows / 8;  // the mma's n8 columns
+  static constexpr int kStageUnits = kRows * kChunkUnits;
+  static constexpr int kUnitsPerThread = kStageUnits / kThreads;
+  static constexpr int kSumsStride = kFeatures + 4;
+  static constexpr size_t kStageBytes = kStageUnits * sizeof(uint4);
+  static constexpr size_t kSumsBytes = size_t{kRows} * kSumsStride * sizeof(float);
+  static constexpr int kWgmmaStepBytes = kRowGroups * 2 * kCoreBytes;
+  static_assert(kStageUnits % kThreads == 0 && kTiles * kRowGroups == 16);
+  static_assert(kWgmmaStepBytes * kChunkK / 16 == static_cast<int>(kStageBytes));
+  // Dynamic shared memory: the stages of x, which the block's sums reuse for cluster sums, and for wgmma the
+  // stages' copy barriers after them.
+  static constexpr size_t kWgmmaBarriers =
+      ((kStages<true> * kStageBytes > kSumsBytes ? kStages<true> * kStageBytes : kSumsBytes) + 7) / 8 * 8;
+  static constexpr size_t shared_bytes(bool wgmma, bool cluster_sums) {
+    if (wgmma) return kWgmmaBarriers + kStages<true> * sizeof(uint64_t);
+    const size_t stages = kStages<false> * kStageBytes;
+    return cluster_sums && kSumsBytes > stages ? kSumsBytes : stages;
+  }
+};
 
 struct GemmArgs {
   float* out;  // [rows, features] at out_stride, or the partials [splits][rows][features] when split
   int64_t out_stride;
   int splits;
   bool cluster_sums;  // the splits of a tile are a cluster (out is the output, not partials)
-  const uint4* x;     // BF16 [rows, in_features], contiguous
+  const uint4* x;     // BF16 [rows, in_features], contiguous; for wgmma its images (w4a16_x_images_kernel)
   const uint32_t* packed;
   int64_t packed_stride;   // words
   const uint16_t* scales;  // raw BF16
@@ -113,17 +133,17 @@ __device__ inline void scaled_nibble_pairs(uint32_t word, __nv_bfloat162 scale, 
 // A chunk of one lane's weights: word q of each 32-k block for features g and g + 8 of each tile, and their
 // group scales as raw BF16 (kScalesPerChunk of them a feature: 4 for group 32, 2 for 64, 1 for a multiple of
 // 128), loaded in one go.
-template <int kScalesPerChunk>
+template <int kScalesPerChunk, int kTiles>
 struct ChunkWeights {
-  uint4 words[kWarpTiles][2];
-  uint32_t scales[kWarpTiles][2][kScalesPerChunk == 4 ? 2 : 1];
+  uint4 words[kTiles][2];
+  uint32_t scales[kTiles][2][kScalesPerChunk == 4 ? 2 : 1];
 };
 
-template <int kScalesPerChunk>
-__device__ inline void load_chunk(ChunkWeights<kScalesPerChunk>& w, const GemmArgs& a,
-                                  const int64_t (&feature)[kWarpTiles][2], int64_t chunk, int q) {
+template <int kScalesPerChunk, int kTiles>
+__device__ inline void load_chunk(ChunkWeights<kScalesPerChunk, kTiles>& w, const GemmArgs& a,
+                                  const int64_t (&feature)[kTiles][2], int64_t chunk, int q) {
 #pragma unroll
-  for (int t = 0; t < kWarpTiles; ++t)
+  for (int t = 0; t < kTiles; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t f = feature[t][h];
@@ -157,12 +177,12 @@ __device__ inline __nv_bfloat162 block_scale(const uint32_t (&raw)[kScalesPerChu
 
 // The first output feature (within the block) of tile t of warp `warp`: for mma.sync a warp's tiles are
 // adjacent; for wgmma warp w of warpgroup v holds rows 16w .. 16w + 15 of each of the warpgroup's m64 tiles.
-template <bool kWgmma>
+template <bool kWgmma, int kTiles>
 __device__ inline int tile_feature(int warp, int t) {
   if constexpr (kWgmma)
-    return (warp / 4) * kWarpTiles * 64 + t * 64 + (warp % 4) * kTileFeatures;
+    return (warp / 4) * kTiles * 64 + t * 64 + (warp % 4) * kTileFeatures;
   else
-    return warp * kWarpTiles * kTileFeatures + t * kTileFeatures;
+    return warp * kTiles * kTileFeatures + t * kTileFeatures;
 }
 
 // Shared-memory slot of row r's 16-byte unit j of a staged chunk: units are swizzled by the row's parity, so
@@ -171,80 +191,144 @@ __device__ inline int stage_slot(int r, int j) {
   return r * kChunkUnits + (j ^ ((r & 1) << 2));
 }
 
-// Which row (of the block's) and which 16-byte unit of a chunk's row thread `thread` stages as its i-th. For
-// wgmma, warp w stages rows 8w .. 8w + 7, unit (block u = i, word q = lane % 4), so that its stores cover 32
-// banks.
-template <bool kWgmma>
-__device__ inline void x_unit_of(int thread, int i, int& row, int& unit) {
-  if constexpr (kWgmma) {
-    const int lane = thread % kWarpSize;
-    row = (thread / kWarpSize) * 8 + lane / 4;
-    unit = 4 * i + lane % 4;
-  } else {
-    row = (thread + i * kThreads) / kChunkUnits;
-    unit = (thread + i * kThreads) % kChunkUnits;
-  }
+// A 16-byte unit of x (values v0 .. v7) as the pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7): the k order of
+// the A fragments' nibble pairs.
+__device__ inline void value_pairs(const uint4& v, uint32_t (&pairs)[4]) {
+  pairs[0] = __byte_perm(v.x, v.z, 0x5410);
+  pairs[1] = __byte_perm(v.x, v.z, 0x7632);
+  pairs[2] = __byte_perm(v.y, v.w, 0x5410);
+  pairs[3] = __byte_perm(v.y, v.w, 0x7632);
 }
 
-// This thread's units of chunk `chunk` of the block's rows of x, in registers (zeros past the last row).
-template <bool kWgmma>
-__device__ inline void load_x_units(uint4 (&units)[kUnitsPerThread], const GemmArgs& a, int64_t first_row,
+// mma.sync: which row (of the block's) and which 16-byte unit of a chunk's row thread `thread` stages as its
+// i-th.
+__device__ inline void x_unit_of(int thread, int i, int& row, int& unit) {
+  row = (thread + i * kThreads) / kChunkUnits;
+  unit = (thread + i * kThreads) % kChunkUnits;
+}
+
+// mma.sync: this thread's units of chunk `chunk` of the block's rows of x, in registers (zeros past the last
+// row).
+template <int kUnits>
+__device__ inline void load_x_units(uint4 (&units)[kUnits], const GemmArgs& a, int64_t first_row,
                                     int64_t chunk) {
 #pragma unroll
-  for (int i = 0; i < kUnitsPerThread; ++i) {
+  for (int i = 0; i < kUnits; ++i) {
     int r = 0, unit = 0;
-    x_unit_of<kWgmma>(static_cast<int>(threadIdx.x), i, r, unit);
+    x_unit_of(static_cast<int>(threadIdx.x), i, r, unit);
     const int64_t row = first_row + r;
     units[i] = row < a.rows ? __ldg(a.x + row * (a.in_features / 8) + chunk * kChunkUnits + unit)
                             : make_uint4(0, 0, 0, 0);
   }
 }
 
-// The units into a stage, each one's 8 values (v0 .. v7) as the pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7):
-// for mma.sync a lane's 16-byte B fragments of one 32-k block; for wgmma the pairs go to the k16 steps' core
-// matrices (pairs 0 and 1: step 2u, k 2q, 2q + 1 of its first and second core matrix; pairs 2 and 3: step
-// 2u + 1), matching the A fragments' k order.
-template <bool kWgmma>
-__device__ inline void store_x_units(uint4* stage, const uint4 (&units)[kUnitsPerThread]) {
+// mma.sync: the units into a stage as their pairs (value_pairs), a lane's 16-byte B fragments of one 32-k
+// block.
+template <int kUnits>
+__device__ inline void store_x_units(uint4* stage, const uint4 (&units)[kUnits]) {
 #pragma unroll
-  for (int i = 0; i < kUnitsPerThread; ++i) {
+  for (int i = 0; i < kUnits; ++i) {
     int r = 0, unit = 0;
-    x_unit_of<kWgmma>(static_cast<int>(threadIdx.x), i, r, unit);
-    const uint4 v = units[i];
-    const uint32_t pairs[4] = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                               __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632)};
-    if constexpr (kWgmma) {
-      auto* words = reinterpret_cast<uint32_t*>(stage);
-      const int u = unit / 4, q = unit % 4;
-      const int at = (r / 8) * (2 * kCoreBytes / 4) + (r % 8) * 4 + q;
-#pragma unroll
-      for (int p = 0; p < 4; ++p)
-        words[(2 * u + p / 2) * (kWgmmaStepBytes / 4) + (p % 2) * (kCoreBytes / 4) + at] = pairs[p];
-    } else {
-      stage[stage_slot(r, unit)] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
-    }
+    x_unit_of(static_cast<int>(threadIdx.x), i, r, unit);
+    uint32_t pairs[4];
+    value_pairs(units[i], pairs);
+    stage[stage_slot(r, unit)] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
   }
 }
 
+// wgmma reads x from shared memory in a layout and k order that no copy can make, so x is put in it once
+// per call (w4a16_x_images_kernel) instead of once per block and chunk: the image of (row block, chunk) is
+// the stage a block reads, kStageBytes contiguous, which one bulk copy brings in. In it the k16 step 2u + h
+// of the chunk's 32-k block u holds, per group of 8 rows, core matrix c = 0, 1 (8 rows x 16 bytes): the
+// row's pair p = 2h + c (value_pairs) of the values 8q .. 8q + 7 for q = 0..3, i.e. its 8 k values of the
+// step in the A fragments' order. Rows past the last are zeros. A thread per (row block, chunk, u, row), the
+// row fastest, so that 8 threads write one core matrix.
+template <typename Shape>
+__global__ void w4a16_x_images_kernel(const uint4* x, uint4* images, int64_t rows, int64_t chunks) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const int64_t items = (rows + Shape::kRows - 1) / Shape::kRows * chunks * kChunkBlocks * Shape::kRows;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int r = static_cast<int>(item % Shape::kRows);
+    const int u = static_cast<int>(item / Shape::kRows % kChunkBlocks);
+    const int64_t image = item / Shape::kRows / kChunkBlocks;  // row block * chunks + chunk
+    const int64_t row = image / chunks * Shape::kRows + r, chunk = image % chunks;
+    uint32_t pairs[4][4] = {};  // [q][p]
+    if (row < rows)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        value_pairs(x[row * chunks * kChunkUnits + chunk * kChunkUnits + 4 * u + q], pairs[q]);
+    char* stage = reinterpret_cast<char*>(images) + image * static_cast<int64_t>(Shape::kStageBytes);
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+      *reinterpret_cast<uint4*>(stage + (2 * u + p / 2) * Shape::kWgmmaStepBytes + (r / 8) * 2 * kCoreBytes +
+                                (p % 2) * kCoreBytes + (r % 8) * 16) =
+          make_uint4(pairs[0][p], pairs[1][p], pairs[2][p], pairs[3][p]);
+  }
+}
+
+// Bulk copies into shared memory that complete on a shared-memory barrier (sm_90; the wgmma path only).
+__device__ inline void barrier_init(uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(shared_address(barrier)) : "memory");
+#endif
+}
+
+// The initialised barriers, visible to the bulk copies (the async proxy).
+__device__ inline void fence_barrier_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+// `bytes` from global `from` to shared `to`; the barrier's phase completes when they have landed.
+__device__ inline void bulk_copy(void* to, const void* from, unsigned bytes, uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)),
+               "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          shared_address(to)),
+      "l"(from), "r"(bytes), "r"(shared_address(barrier))
+      : "memory");
+#endif
+}
+
+__device__ inline void barrier_wait(uint64_t* barrier, unsigned phase) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(phase)
+        : "memory");
+  } while (done == 0);
+#endif
+}
+
 // One staged chunk times the lane's weights of it, into acc[tile][row group].
-template <int kScalesPerChunk>
-__device__ inline void multiply_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
-                                      const ChunkWeights<kScalesPerChunk>& w, const uint4* stage, int g,
-                                      int q) {
+template <typename Shape, int kScalesPerChunk>
+__device__ inline void multiply_chunk(float (&acc)[Shape::kTiles][Shape::kRowGroups][4],
+                                      const ChunkWeights<kScalesPerChunk, Shape::kTiles>& w,
+                                      const uint4* stage, int g, int q) {
+  constexpr int kTiles = Shape::kTiles;
 #pragma unroll
   for (int u = 0; u < kChunkBlocks; ++u) {
-    uint32_t low[kWarpTiles][4], high[kWarpTiles][4];
+    uint32_t low[kTiles][4], high[kTiles][4];
 #pragma unroll
-    for (int t = 0; t < kWarpTiles; ++t) {
+    for (int t = 0; t < kTiles; ++t) {
       scaled_nibble_pairs(word_of(w.words[t][0], u), block_scale<kScalesPerChunk>(w.scales[t][0], u), low[t]);
       scaled_nibble_pairs(word_of(w.words[t][1], u), block_scale<kScalesPerChunk>(w.scales[t][1], u),
                           high[t]);
     }
 #pragma unroll
-    for (int n = 0; n < kRowGroups; ++n) {
+    for (int n = 0; n < Shape::kRowGroups; ++n) {
       const uint4 x = stage[stage_slot(8 * n + g, 4 * u + q)];
 #pragma unroll
-      for (int t = 0; t < kWarpTiles; ++t) {
+      for (int t = 0; t < kTiles; ++t) {
         mma_bf16(acc[t][n], {low[t][0], high[t][0], low[t][1], high[t][1]}, x.x, x.y);
         mma_bf16(acc[t][n], {low[t][2], high[t][2], low[t][3], high[t][3]}, x.z, x.w);
       }
@@ -281,14 +365,8 @@ __device__ inline void wgmma_wait() {
 #endif
 }
 
-// Stores of x by this thread before the async proxy (wgmma) reads them.
-__device__ inline void fence_x_for_wgmma() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 // Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
+template <int kRowGroups>
 __device__ inline void pin(float (&d)[kRowGroups][4]) {
 #pragma unroll
   for (int n = 0; n < kRowGroups; ++n)
@@ -297,8 +375,8 @@ __device__ inline void pin(float (&d)[kRowGroups][4]) {
 }
 
 // d (64 features x 64 rows, FP32) += A (4 registers: 16 features x 16 k of this warp) B (x: 16 k x 64 rows).
-__device__ inline void wgmma_m64n64k16(float (&d)[kRowGroups][4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint64_t b) {
+__device__ inline void wgmma_bf16(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                  uint64_t b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -315,27 +393,55 @@ __device__ inline void wgmma_m64n64k16(float (&d)[kRowGroups][4], uint32_t a0, u
 #endif
 }
 
+// d (64 features x 128 rows, FP32) += A (this warp's 16 features x 16 k) B (x: 16 k x 128 rows).
+__device__ inline void wgmma_bf16(float (&d)[16][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                  uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#endif
+}
+
 // The lane's A fragments of 32-k block u for every tile: low (feature g) and high (g + 8) pairs 0..3; pairs
 // 0, 1 are the k16 step 2u, pairs 2, 3 step 2u + 1.
-template <int kScalesPerChunk>
-__device__ inline void block_fragments(uint32_t (&f)[kWarpTiles][2][4],
-                                       const ChunkWeights<kScalesPerChunk>& w, int u) {
+template <int kScalesPerChunk, int kTiles>
+__device__ inline void block_fragments(uint32_t (&f)[kTiles][2][4],
+                                       const ChunkWeights<kScalesPerChunk, kTiles>& w, int u) {
 #pragma unroll
-  for (int t = 0; t < kWarpTiles; ++t)
+  for (int t = 0; t < kTiles; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       scaled_nibble_pairs(word_of(w.words[t][h], u), block_scale<kScalesPerChunk>(w.scales[t][h], u),
                           f[t][h]);
 }
 
-// One staged chunk times the warpgroup's weights of it: per 32-k block two k16 steps of kWarpTiles wgmmas,
-// one commit group. The next block's fragments are made while this one's run, in the other half of
+// One staged chunk times the warpgroup's weights of it: per 32-k block two k16 steps of kTiles wgmmas, one
+// commit group. The next block's fragments are made while this one's run, in the other half of
 // `fragments`; a wait for all but the newest group frees that half (it served the block before). The first
 // wait frees the half the previous chunk's third block used.
-template <int kScalesPerChunk>
-__device__ inline void wgmma_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
-                                   const ChunkWeights<kScalesPerChunk>& w, const uint4* stage) {
-  uint32_t fragments[2][kWarpTiles][2][4];
+template <typename Shape, int kScalesPerChunk>
+__device__ inline void wgmma_chunk(float (&acc)[Shape::kTiles][Shape::kRowGroups][4],
+                                   const ChunkWeights<kScalesPerChunk, Shape::kTiles>& w,
+                                   const uint4* stage) {
+  constexpr int kTiles = Shape::kTiles;
+  uint32_t fragments[2][kTiles][2][4];
   wgmma_wait<1>();
   block_fragments(fragments[0], w, 0);
 #pragma unroll
@@ -345,11 +451,11 @@ __device__ inline void wgmma_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const uint64_t b =
-          x_descriptor(reinterpret_cast<const char*>(stage) + (2 * u + half) * kWgmmaStepBytes);
+          x_descriptor(reinterpret_cast<const char*>(stage) + (2 * u + half) * Shape::kWgmmaStepBytes);
 #pragma unroll
-      for (int t = 0; t < kWarpTiles; ++t)
-        wgmma_m64n64k16(acc[t], f[t][0][2 * half], f[t][1][2 * half], f[t][0][2 * half + 1],
-                        f[t][1][2 * half + 1], b);
+      for (int t = 0; t < kTiles; ++t)
+        wgmma_bf16(acc[t], f[t][0][2 * half], f[t][1][2 * half], f[t][0][2 * half + 1], f[t][1][2 * half + 1],
+                   b);
     }
     wgmma_commit();
     if (u + 1 < kChunkBlocks) {
@@ -363,31 +469,33 @@ __device__ inline void wgmma_chunk(float (&acc)[kWarpTiles][kRowGroups][4],
 // cluster barrier, then block `split` writes its share of the tile (float4 units split, split + splits, ...
 // in turns of the block's threads), each value its splits' sums added in split order from zero; a second
 // barrier keeps every block's shared memory until all have read it.
-template <bool kWgmma>
-__device__ inline void add_cluster_splits(const GemmArgs& a, const float (&acc)[kWarpTiles][kRowGroups][4],
+template <typename Shape, bool kWgmma>
+__device__ inline void add_cluster_splits(const GemmArgs& a,
+                                          const float (&acc)[Shape::kTiles][Shape::kRowGroups][4],
                                           float* sums, int64_t block_feature, int64_t first_row, int split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kStride = Shape::kSumsStride;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int t = 0; t < kWarpTiles; ++t)
+  for (int t = 0; t < Shape::kTiles; ++t)
 #pragma unroll
-    for (int n = 0; n < kRowGroups; ++n)
+    for (int n = 0; n < Shape::kRowGroups; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        sums[(8 * n + 2 * q + i % 2) * kSumsStride + tile_feature<kWgmma>(warp, t) + g + 8 * (i / 2)] =
-            acc[t][n][i];
+        sums[(8 * n + 2 * q + i % 2) * kStride + tile_feature<kWgmma, Shape::kTiles>(warp, t) + g +
+             8 * (i / 2)] = acc[t][n][i];
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();
-  constexpr int kUnitsPerRow = kBlockFeatures / 4;
-  for (int unit = split * kThreads + static_cast<int>(threadIdx.x); unit < kBlockRows * kUnitsPerRow;
+  constexpr int kUnitsPerRow = Shape::kFeatures / 4;
+  for (int unit = split * kThreads + static_cast<int>(threadIdx.x); unit < Shape::kRows * kUnitsPerRow;
        unit += a.splits * kThreads) {
     const int r = unit / kUnitsPerRow, c = 4 * (unit % kUnitsPerRow);
     float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int s = 0; s < a.splits; ++s) {
       const float4 part =
-          *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s) + r * kSumsStride + c);
+          *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s) + r * kStride + c);
       total.x += part.x;
       total.y += part.y;
       total.z += part.z;
@@ -405,60 +513,84 @@ __device__ inline void add_cluster_splits(const GemmArgs& a, const float (&acc)[
 
 // Grid: (feature blocks x splits of K, row blocks); kWgmma: the tensor-core products by wgmma (sm_90a), else
 // by mma.sync. The chunks of a split are walked two at a time so that the loaded weights of the next chunk
-// sit in registers of their own (a copy between them would wait for the load).
-template <int kScalesPerChunk, bool kWgmma>
+// sit in registers of their own (a copy between them would wait for the load). x: for mma.sync chunk c + 1
+// is loaded into registers while c is computed, then paired into the other stage; for wgmma its image is
+// copied kImagesAhead chunks ahead into a ring of stages, by one thread's bulk copy.
+template <typename Shape, int kScalesPerChunk, bool kWgmma>
 __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
+  constexpr int kTiles = Shape::kTiles;
+  using Weights = ChunkWeights<kScalesPerChunk, kTiles>;
   extern __shared__ __align__(128) uint4 shared[];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, q = lane % 4;
   const int split = static_cast<int>(blockIdx.x) % a.splits;
-  const int64_t block_feature = static_cast<int64_t>(blockIdx.x) / a.splits * kBlockFeatures;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kBlockRows;
+  const int64_t block_feature = static_cast<int64_t>(blockIdx.x) / a.splits * Shape::kFeatures;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * Shape::kRows;
   const int64_t chunks = a.in_features / kChunkK;
   const int64_t begin = split * a.chunks_per_split;
   const int64_t end = begin + a.chunks_per_split < chunks ? begin + a.chunks_per_split : chunks;
   // Features past the last are read as the last one (their sums are not stored).
-  int64_t feature[kWarpTiles][2];
+  int64_t feature[kTiles][2];
 #pragma unroll
-  for (int t = 0; t < kWarpTiles; ++t)
+  for (int t = 0; t < kTiles; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t f = block_feature + tile_feature<kWgmma>(warp, t) + g + 8 * h;
+      const int64_t f = block_feature + tile_feature<kWgmma, kTiles>(warp, t) + g + 8 * h;
       feature[t][h] = f < a.features ? f : a.features - 1;
     }
+  auto stage_of = [&](int64_t c) { return shared + (c - begin) % kStages<kWgmma> * Shape::kStageUnits; };
 
   // Weights are never written by a kernel: the first chunk's load may overlap the previous kernel (pdl.cuh).
-  ChunkWeights<kScalesPerChunk> even, odd;
+  Weights even, odd;
   load_chunk(even, a, feature, begin, q);
   wait_for_previous_kernel();
   allow_next_kernel();
-  uint4 units[kUnitsPerThread];
-  load_x_units<kWgmma>(units, a, first_row, begin);
-  store_x_units<kWgmma>(shared, units);
-  if constexpr (kWgmma) fence_x_for_wgmma();
-  __syncthreads();
-
-  float acc[kWarpTiles][kRowGroups][4] = {};
-  // Chunk c is computed from its stage while chunk c + 1 is loaded and then staged into the next one; the
-  // barrier after it makes that stage whole (kStages says why it ends the reads of the stage written next).
-  const auto step = [&](int64_t c, ChunkWeights<kScalesPerChunk>& current,
-                        ChunkWeights<kScalesPerChunk>& next) {
-    const bool more = c + 1 < end;
-    if (more) {
-      load_chunk(next, a, feature, c + 1, q);
-      load_x_units<kWgmma>(units, a, first_row, c + 1);
+  [[maybe_unused]] uint4 units[kWgmma ? 1 : Shape::kUnitsPerThread];
+  // wgmma: stage s's barrier completes a phase when a copy into it lands (the copies of one stage complete
+  // phases 0, 1, 0, ... in turn); the image of chunk c for row block blockIdx.y.
+  auto* const barriers = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(shared) + Shape::kWgmmaBarriers);
+  const auto copy_image = [&](int64_t c) {
+    const int64_t image = static_cast<int64_t>(blockIdx.y) * chunks + c;
+    bulk_copy(stage_of(c), a.x + image * Shape::kStageUnits, static_cast<unsigned>(Shape::kStageBytes),
+              &barriers[(c - begin) % kStages<true>]);
+  };
+  if constexpr (kWgmma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages<true>; ++s) barrier_init(&barriers[s]);
+      fence_barrier_init();
+      for (int64_t c = begin; c < begin + kImagesAhead && c < end; ++c) copy_image(c);
     }
-    const uint4* stage = shared + (c - begin) % kStages<kWgmma> * kStageUnits;
-    if constexpr (kWgmma)
-      wgmma_chunk(acc, current, stage);
-    else
-      multiply_chunk(acc, current, stage, g, q);
-    if (more) {
-      store_x_units<kWgmma>(shared + (c + 1 - begin) % kStages<kWgmma> * kStageUnits, units);
-      if constexpr (kWgmma) fence_x_for_wgmma();
-    }
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+  } else {
+    load_x_units(units, a, first_row, begin);
+    store_x_units(shared, units);
     __syncthreads();
+  }
+
+  float acc[kTiles][Shape::kRowGroups][4] = {};
+  const auto step = [&](int64_t c, Weights& current, Weights& next) {
+    const bool more = c + 1 < end;
+    if constexpr (kWgmma) {
+      // The stage refilled here was last read by chunk c - 2's products, which each warpgroup waited for
+      // before this barrier (wgmma_chunk); chunk c's image has landed once its barrier's phase completes.
+      __syncthreads();
+      if (threadIdx.x == 0 && c + kImagesAhead < end) copy_image(c + kImagesAhead);
+      if (more) load_chunk(next, a, feature, c + 1, q);
+      barrier_wait(&barriers[(c - begin) % kStages<true>],
+                   static_cast<unsigned>((c - begin) / kStages<true>) & 1u);
+      wgmma_chunk<Shape>(acc, current, stage_of(c));
+    } else {
+      // Chunk c is computed from its stage while chunk c + 1 is loaded and then staged into the next one; the
+      // barrier after it makes that stage whole and ends every warp's reads of this one.
+      if (more) {
+        load_chunk(next, a, feature, c + 1, q);
+        load_x_units(units, a, first_row, c + 1);
+      }
+      multiply_chunk<Shape>(acc, current, stage_of(c), g, q);
+      if (more) store_x_units(stage_of(c + 1), units);
+      __syncthreads();
+    }
   };
   for (int64_t c = begin; c < end; c += 2) {
     step(c, even, odd);
@@ -467,23 +599,24 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
   if constexpr (kWgmma) {
     wgmma_wait<0>();
 #pragma unroll
-    for (int t = 0; t < kWarpTiles; ++t) pin(acc[t]);
+    for (int t = 0; t < kTiles; ++t) pin(acc[t]);
     __syncthreads();  // every warpgroup's products are done with the stages the sums reuse
   }
 
   if (a.cluster_sums) {
-    add_cluster_splits<kWgmma>(a, acc, reinterpret_cast<float*>(shared), block_feature, first_row, split);
+    add_cluster_splits<Shape, kWgmma>(a, acc, reinterpret_cast<float*>(shared), block_feature, first_row,
+                                      split);
     return;
   }
   float* target = a.out + (a.splits > 1 ? split * a.rows * a.features : 0);
   const int64_t target_stride = a.splits > 1 ? a.features : a.out_stride;
 #pragma unroll
-  for (int t = 0; t < kWarpTiles; ++t)
+  for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-    for (int n = 0; n < kRowGroups; ++n)
+    for (int n = 0; n < Shape::kRowGroups; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t f = block_feature + tile_feature<kWgmma>(warp, t) + g + 8 * (i / 2);
+        const int64_t f = block_feature + tile_feature<kWgmma, kTiles>(warp, t) + g + 8 * (i / 2);
         const int64_t row = first_row + 8 * n + 2 * q + i % 2;
         if (f < a.features && row < a.rows) target[row * target_stride + f] = acc[t][n][i];
       }
@@ -515,23 +648,27 @@ struct Split {
 // without clusters; up to 16 with the non-portable size where the GPU allows it, as the H200 does), and how
 // many tiles can run at once split s ways: in clusters of s blocks, the clusters the GPU holds at once (a
 // cluster's blocks share a GPC, so sizes that do not divide a GPC's SMs leave some idle), else the resident
-// blocks over s.
+// blocks over s; per block shape (its registers and shared memory), in the product form the device runs.
+struct ShapeOccupancy {
+  int resident_blocks = 1;
+  int concurrent_clusters[kPortableCluster + 1] = {};  // [s]: clusters of s blocks at once
+};
 struct GemmDevice {
   int multiprocessors = 1;
   int max_cluster = 0;
   bool wgmma = false;  // the code the device runs was built for sm_90a
-  int resident_blocks = 1;
-  int concurrent_clusters[kPortableCluster + 1] = {};  // [s]: clusters of s blocks at once
+  ShapeOccupancy rows64, rows128;
 };
 
-// Every instance of the kernel, and what each needs before its first launch: the dynamic shared memory of
-// cluster sums (above the default 48 KB), clusters of up to 16 blocks (tuning may ask for them).
-template <bool kWgmma>
+// Every instance of the kernel of one block shape, and what each needs before its first launch: the dynamic
+// shared memory of its stages and cluster sums (above the default 48 KB), clusters of up to 16 blocks
+// (tuning may ask for them).
+template <typename Shape, bool kWgmma>
 cudaError_t prepare_kernels() {
-  for (auto* kernel :
-       {w4a16_gemm_kernel<4, kWgmma>, w4a16_gemm_kernel<2, kWgmma>, w4a16_gemm_kernel<1, kWgmma>}) {
+  for (auto* kernel : {w4a16_gemm_kernel<Shape, 4, kWgmma>, w4a16_gemm_kernel<Shape, 2, kWgmma>,
+                       w4a16_gemm_kernel<Shape, 1, kWgmma>}) {
     cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(kClusterSharedBytes));
+                                              static_cast<int>(Shape::shared_bytes(kWgmma, true)));
     if (status == cudaSuccess && clusters_supported())
       status = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (status != cudaSuccess) return status;
@@ -539,23 +676,51 @@ cudaError_t prepare_kernels() {
   return cudaSuccess;
 }
 
-// The clusters of `blocks` blocks (cluster sums' shared memory) the GPU holds at once.
-int clusters_at_once(void (*kernel)(GemmArgs), int blocks) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(blocks);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
+// A launch of `blocks` blocks in one cluster (0: no cluster) with `shared` bytes of dynamic shared memory.
+cudaLaunchConfig_t cluster_config(int blocks, size_t shared, cudaLaunchAttribute& attribute) {
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.gridDim = dim3(static_cast<unsigned>(std::max(blocks, 1)));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kClusterSharedBytes;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config),
-             "cudaOccupancyMaxActiveClusters (W4A16 kernel)");
-  return clusters;
+  config.dynamicSmemBytes = shared;
+  if (blocks > 0) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(blocks);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return config;
+}
+
+using RowBlocks64 = BlockShape<64>;
+using RowBlocks128 = BlockShape<128>;
+
+// A block shape's occupancy (ShapeOccupancy), and in `shape_max_cluster` the largest cluster of its blocks
+// the GPU can schedule, up to `max_cluster` (0: no clusters).
+template <typename Shape>
+ShapeOccupancy occupancy(bool wgmma, int multiprocessors, int max_cluster, int& shape_max_cluster) {
+  auto* const kernel = wgmma ? w4a16_gemm_kernel<Shape, 4, true> : w4a16_gemm_kernel<Shape, 4, false>;
+  const size_t shared = Shape::shared_bytes(wgmma, true);
+  ShapeOccupancy o;
+  int per_multiprocessor = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads, shared),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (W4A16 kernel)");
+  o.resident_blocks = std::max(1, per_multiprocessor) * multiprocessors;
+  shape_max_cluster = 0;
+  if (max_cluster == 0) return o;
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config = cluster_config(0, shared, attribute);
+  config.gridDim = dim3(static_cast<unsigned>(max_cluster));
+  check_cuda(cudaOccupancyMaxPotentialClusterSize(&shape_max_cluster, kernel, &config),
+             "cudaOccupancyMaxPotentialClusterSize (W4A16 kernel)");
+  shape_max_cluster = std::min(shape_max_cluster, max_cluster);
+  for (int s = 2; s <= std::min(shape_max_cluster, kPortableCluster); ++s) {
+    config = cluster_config(s, shared, attribute);
+    check_cuda(cudaOccupancyMaxActiveClusters(&o.concurrent_clusters[s], kernel, &config),
+               "cudaOccupancyMaxActiveClusters (W4A16 kernel)");
+  }
+  return o;
 }
 
 const GemmDevice& gemm_device() {
@@ -568,34 +733,36 @@ const GemmDevice& gemm_device() {
     int built = 0;
     check_cuda(cudaMemcpyFromSymbol(&built, w4a16_wgmma_built, sizeof(built)), "W4A16 kernel (sm_90a probe)");
     d.wgmma = built == 1;
-    check_cuda(prepare_kernels<false>(), "W4A16 kernel attributes");
-    check_cuda(prepare_kernels<true>(), "W4A16 kernel attributes");
-    auto* const kernel = d.wgmma ? w4a16_gemm_kernel<4, true> : w4a16_gemm_kernel<4, false>;
-    int per_multiprocessor = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads,
-                                                             kClusterSharedBytes),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (W4A16 kernel)");
-    d.resident_blocks = std::max(1, per_multiprocessor) * d.multiprocessors;
-    if (!clusters_supported()) return d;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(kMaxClusterSplits);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kClusterSharedBytes;
-    int blocks = 0;
-    check_cuda(cudaOccupancyMaxPotentialClusterSize(&blocks, kernel, &config),
-               "cudaOccupancyMaxPotentialClusterSize (W4A16 kernel)");
-    d.max_cluster = std::min(blocks, kMaxClusterSplits);
-    for (int s = 2; s <= std::min(d.max_cluster, kPortableCluster); ++s)
-      d.concurrent_clusters[s] = clusters_at_once(kernel, s);
+    check_cuda(prepare_kernels<RowBlocks64, false>(), "W4A16 kernel attributes");
+    check_cuda(prepare_kernels<RowBlocks64, true>(), "W4A16 kernel attributes");
+    check_cuda(prepare_kernels<RowBlocks128, false>(), "W4A16 kernel attributes");
+    check_cuda(prepare_kernels<RowBlocks128, true>(), "W4A16 kernel attributes");
+    const int max_cluster = clusters_supported() ? kMaxClusterSplits : 0;
+    int max64 = 0, max128 = 0;
+    d.rows64 = occupancy<RowBlocks64>(d.wgmma, d.multiprocessors, max_cluster, max64);
+    d.rows128 = occupancy<RowBlocks128>(d.wgmma, d.multiprocessors, max_cluster, max128);
+    d.max_cluster = std::min(max64, max128);
     return d;
   }();
   return device;
+}
+
+bool takes_wgmma(const W4a16GemmTuning& tuning) {
+  return tuning.wgmma && gemm_device().wgmma;
+}
+
+// Rows of x a block takes: with wgmma 128 (each dequantized weight serves twice the rows) unless the call
+// has at most 64; with mma.sync 64 (at 128 its registers spill); or what the tuning says.
+int block_rows(int64_t rows, const W4a16GemmTuning& tuning) {
+  if (tuning.block_rows != 0) return tuning.block_rows;
+  return takes_wgmma(tuning) && rows > RowBlocks64::kRows ? RowBlocks128::kRows : RowBlocks64::kRows;
 }
 
 // The split of K with the least estimated time: waves of blocks x (chunks a split + kSplitCostChunks), over
 // splits of at least kMinChunksPerSplit chunks, at most 8 (the portable cluster size); added inside
 // clusters where the GPU has them (up to max_cluster), else left as partials for the sums kernel. Ties go
 // to fewer splits. A forced split (tuning) may be any count.
+template <typename Shape>
 Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const W4a16GemmTuning& tuning) {
   const GemmDevice& device = gemm_device();
   const int64_t chunks = in_features / kChunkK;
@@ -607,15 +774,16 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   };
   if (tuning.splits > 0) return split_of(tuning.splits);
   const int64_t tiles =
-      ((out_features + kBlockFeatures - 1) / kBlockFeatures) * ((rows + kBlockRows - 1) / kBlockRows);
+      ((out_features + Shape::kFeatures - 1) / Shape::kFeatures) * ((rows + Shape::kRows - 1) / Shape::kRows);
   Split best = split_of(1);
   int64_t best_cost = std::numeric_limits<int64_t>::max();
   for (int64_t wanted = 1; wanted <= kPortableCluster; ++wanted) {
     const Split split = split_of(wanted);
     if (split.splits != wanted || (wanted > 1 && split.chunks_per_split < kMinChunksPerSplit)) continue;
-    const int64_t at_once = wanted == 1          ? device.resident_blocks
-                            : split.cluster_sums ? device.concurrent_clusters[wanted]
-                                                 : device.resident_blocks / wanted;
+    const ShapeOccupancy& o = Shape::kRows == RowBlocks128::kRows ? device.rows128 : device.rows64;
+    const int64_t at_once = wanted == 1          ? o.resident_blocks
+                            : split.cluster_sums ? o.concurrent_clusters[wanted]
+                                                 : o.resident_blocks / wanted;
     if (at_once <= 0) continue;
     const int64_t waves = (tiles + at_once - 1) / at_once;
     const int64_t cost = waves * (split.chunks_per_split + kSplitCostChunks);
@@ -627,17 +795,58 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   return best;
 }
 
-template <int kScalesPerChunk, bool kWgmma>
-cudaError_t launch_gemm(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
-  return launch_kernel_in_clusters(w4a16_gemm_kernel<kScalesPerChunk, kWgmma>, grid, kThreads,
-                                   a.cluster_sums ? kClusterSharedBytes : kStages<kWgmma> * kStageBytes,
-                                   a.cluster_sums ? static_cast<unsigned>(a.splits) : 1u, stream, a);
+Split gemm_split(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
+  return block_rows(rows, tuning) == RowBlocks128::kRows
+             ? gemm_split<RowBlocks128>(rows, w.out_features, w.in_features, tuning)
+             : gemm_split<RowBlocks64>(rows, w.out_features, w.in_features, tuning);
 }
 
-template <int kScalesPerChunk>
-cudaError_t launch_gemm(const GemmArgs& a, dim3 grid, bool wgmma, cudaStream_t stream) {
-  return wgmma ? launch_gemm<kScalesPerChunk, true>(a, grid, stream)
-               : launch_gemm<kScalesPerChunk, false>(a, grid, stream);
+template <typename Shape, int kScalesPerChunk>
+cudaError_t launch_gemm(const GemmArgs& a, bool wgmma, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((a.features + Shape::kFeatures - 1) / Shape::kFeatures * a.splits),
+                  static_cast<unsigned>((a.rows + Shape::kRows - 1) / Shape::kRows));
+  const unsigned cluster = a.cluster_sums ? static_cast<unsigned>(a.splits) : 1u;
+  const size_t shared = Shape::shared_bytes(wgmma, a.cluster_sums);
+  return wgmma ? launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, true>, grid, kThreads,
+                                           shared, cluster, stream, a)
+               : launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, false>, grid, kThreads,
+                                           shared, cluster, stream, a);
+}
+
+// wgmma: x's images (w4a16_x_images_kernel) into `images`, then the kernel reading them.
+template <typename Shape>
+cudaError_t launch_gemm(GemmArgs a, int per_chunk, bool wgmma, void* images, cudaStream_t stream) {
+  if (wgmma) {
+    constexpr int kImageThreads = 256;
+    const int64_t items =
+        (a.rows + Shape::kRows - 1) / Shape::kRows * a.in_features / kChunkK * kChunkBlocks * Shape::kRows;
+    const auto grid =
+        static_cast<unsigned>(std::min<int64_t>((items + kImageThreads - 1) / kImageThreads, 8192));
+    const cudaError_t status =
+        launch_kernel(w4a16_x_images_kernel<Shape>, grid, kImageThreads, 0, stream, a.x,
+                      static_cast<uint4*>(images), a.rows, a.in_features / kChunkK);
+    if (status != cudaSuccess) return status;
+    a.x = static_cast<const uint4*>(images);
+  }
+  return per_chunk == 4   ? launch_gemm<Shape, 4>(a, wgmma, stream)
+         : per_chunk == 2 ? launch_gemm<Shape, 2>(a, wgmma, stream)
+                          : launch_gemm<Shape, 1>(a, wgmma, stream);
+}
+
+// The workspace of a call: x's images (wgmma: whole row blocks), then the split partials that no cluster
+// adds.
+struct Workspace {
+  size_t images_bytes, partial_floats;
+};
+
+Workspace workspace_of(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
+  const Split split = gemm_split(rows, w, tuning);
+  const int64_t block = block_rows(rows, tuning);
+  const size_t images =
+      takes_wgmma(tuning) ? static_cast<size_t>((rows + block - 1) / block * block * w.in_features) * 2 : 0;
+  const size_t partials =
+      split.splits > 1 && !split.cluster_sums ? static_cast<size_t>(split.splits * rows * w.out_features) : 0;
+  return {images, partials};
 }
 
 }  // namespace
@@ -659,22 +868,27 @@ bool w4a16_gemm_supports(const LinearWeight& w) {
 }
 
 int64_t w4a16_gemm_splits(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
-  return gemm_split(rows, w.out_features, w.in_features, tuning).splits;
+  return gemm_split(rows, w, tuning).splits;
 }
 
-size_t w4a16_gemm_partial_floats(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
-  const Split split = gemm_split(rows, w.out_features, w.in_features, tuning);
-  return split.splits > 1 && !split.cluster_sums ? static_cast<size_t>(split.splits * rows * w.out_features)
-                                                 : 0;
+size_t w4a16_gemm_workspace_bytes(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
+  const Workspace workspace = workspace_of(rows, w, tuning);
+  return workspace.images_bytes + workspace.partial_floats * sizeof(float);
 }
 
-cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, float* partials,
+cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const LinearWeight& w, void* workspace,
                               cudaStream_t stream, const W4a16GemmTuning& tuning) {
   if (out.rows == 0 || w.out_features == 0) return cudaSuccess;
-  const Split split = gemm_split(out.rows, w.out_features, w.in_features, tuning);
-  const bool partial = split.splits > 1 && !split.cluster_sums;
-  if (partial && partials == nullptr) return cudaErrorInvalidValue;
-  const GemmArgs a{partial ? partials : out.ptr<float>(),
+  const int rows_per_block = block_rows(out.rows, tuning);
+  if (rows_per_block != RowBlocks64::kRows && rows_per_block != RowBlocks128::kRows)
+    return cudaErrorInvalidValue;
+  const Split split = gemm_split(out.rows, w, tuning);
+  const Workspace parts = workspace_of(out.rows, w, tuning);
+  if (parts.images_bytes + parts.partial_floats > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  float* partials = parts.partial_floats > 0
+                        ? reinterpret_cast<float*>(static_cast<char*>(workspace) + parts.images_bytes)
+                        : nullptr;
+  const GemmArgs a{partials != nullptr ? partials : out.ptr<float>(),
                    out.rows <= 1 ? w.out_features : out.stride,
                    static_cast<int>(split.splits),
                    split.cluster_sums,
@@ -688,15 +902,12 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
                    w.out_features,
                    w.in_features,
                    split.chunks_per_split};
-  const dim3 grid(
-      static_cast<unsigned>((w.out_features + kBlockFeatures - 1) / kBlockFeatures * split.splits),
-      static_cast<unsigned>((out.rows + kBlockRows - 1) / kBlockRows));
   const int per_chunk = scales_per_chunk(w.group_size);
-  const bool wgmma = tuning.wgmma && gemm_device().wgmma;
-  const cudaError_t status = per_chunk == 4   ? launch_gemm<4>(a, grid, wgmma, stream)
-                             : per_chunk == 2 ? launch_gemm<2>(a, grid, wgmma, stream)
-                                              : launch_gemm<1>(a, grid, wgmma, stream);
-  if (status != cudaSuccess || !partial) return status;
+  const bool wgmma = takes_wgmma(tuning);
+  const cudaError_t status = rows_per_block == RowBlocks128::kRows
+                                 ? launch_gemm<RowBlocks128>(a, per_chunk, wgmma, workspace, stream)
+                                 : launch_gemm<RowBlocks64>(a, per_chunk, wgmma, workspace, stream);
+  if (status != cudaSuccess || partials == nullptr) return status;
   return launch_split_partial_sums(out, partials, static_cast<int>(split.splits), stream);
 }
 
