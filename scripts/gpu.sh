@@ -96,7 +96,9 @@ run_on_gpu() {
     timeout 240 python3 scripts/gpu_profile.py "$BUNDLE" "$target" "$drafter" "$OUT/profile.json" \
       >"$OUT/profile.log" 2>&1 || profile_status=$?
   fi
-  python3 - "$OUT" <<'PY'
+  # The records first: a failure of the summary below must not lose them.
+  tar czf "$OUT/records.tgz" -C "$OUT/records" . && rm -rf "$OUT/records"
+  python3 - "$OUT" <<'PY' || echo "the summary table failed (the JSON and logs are kept)"
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 print("\n== CUDA vs CPU: per op, worst case (max |gpu-cpu| / max |cpu|) ==")
@@ -133,7 +135,6 @@ PY
   echo "memcheck of the op tests: exit $memcheck_status ($(grep -c '^========= Invalid' "$OUT/memcheck.log" || true) invalid accesses; 124 = timed out)"
   grep -E -A8 '^(memory|step) ' "$OUT/steps.log" | grep -v '^recorded' || true
   grep -E '^(step|draft|commit|decode|verify|prefill|e2e|plain|accept|prompt )|^[0-9]+ +[0-9]+ ' "$OUT/spec.log" 2>/dev/null || true
-  tar czf "$OUT/records.tgz" -C "$OUT/records" . && rm -rf "$OUT/records"
   # The device returns at most 8 files: the logs travel as one archive.
   tar czf "$OUT/logs.tgz" -C "$OUT" gpu.txt cuda_tests.log memcheck.log steps.log $(cd "$OUT" && ls spec.log profile.log 2>/dev/null) &&
     (cd "$OUT" && rm -f gpu.txt cuda_tests.log memcheck.log steps.log spec.log profile.log)
