@@ -584,14 +584,18 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
           tuning.block_rows = block_rows;
           b.poison(kernel);
           b.gpu().synchronize();  // the poison goes on the backend's stream, the kernel on the default one
-          cuda::DeviceMemory workspace(
-              std::max<size_t>(1, cuda::w4a16_gemm_workspace_bytes(rows, quantized, tuning)));
+          // The workspace (x's images for wgmma, split partials) poisoned too: a fresh allocation may get the
+          // previous tuning's memory back, with the same images in it.
+          const size_t workspace_bytes = cuda::w4a16_gemm_workspace_bytes(rows, quantized, tuning);
+          cuda::DeviceMemory workspace(std::max<size_t>(1, workspace_bytes));
+          ASSERT_EQ(cudaMemset(workspace.data(), 0xFF, workspace.bytes()), cudaSuccess);
           cuda::check_cuda(cuda::launch_w4a16_gemm(kernel.gpu(), x_bf16.data(), quantized, workspace.data(),
                                                    nullptr, tuning),
                            "W4A16 kernel");
           ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
           expect_close("linear",
-                       fmt::format("{} ({} splits, {}, {}, {} rows a block)", label, tuning.splits,
+                       fmt::format("{} ({} splits, {} where the GPU allows, {}, {} rows a block)", label,
+                                   cuda::w4a16_gemm_splits(rows, quantized, tuning),
                                    tuning.cluster_sums ? "cluster sums" : "sums kernel",
                                    tuning.wgmma ? "wgmma where built" : "mma.sync", tuning.block_rows),
                        b.read_gpu(kernel.gpu()), expected, kSumOrderTolerance);

@@ -62,6 +62,7 @@ constexpr int64_t kSplitCostChunks = 4;
 // computed and the one the previous chunk's last products may still read. One chunk ahead (96 KB for 128
 // rows) beat two (128 KB) at every shape on the H200: M = 2,048 gate|up 427 -> 379 us, M = 128 50 -> 39.
 constexpr int kImagesAhead = 1;
+// Fewer wgmma stages would refill one that wgmma_chunk's last commit groups may still read.
 template <bool kWgmma>
 constexpr int kStages = kWgmma ? kImagesAhead + 2 : 2;
 // wgmma's B operand (x) in shared memory, K-major without swizzle: a k16 step of a stage is the row groups'
@@ -579,6 +580,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(GemmArgs a) {
       if (more) load_chunk(next, a, feature, c + 1, q);
       barrier_wait(&barriers[(c - begin) % kStages<true>],
                    static_cast<unsigned>((c - begin) / kStages<true>) & 1u);
+      __syncwarp();  // the wait's lanes may leave its loop apart; wgmma's instructions are warp-aligned
       wgmma_chunk<Shape>(acc, current, stage_of(c));
     } else {
       // Chunk c is computed from its stage while chunk c + 1 is loaded and then staged into the next one; the
@@ -884,7 +886,8 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
     return cudaErrorInvalidValue;
   const Split split = gemm_split(out.rows, w, tuning);
   const Workspace parts = workspace_of(out.rows, w, tuning);
-  if (parts.images_bytes + parts.partial_floats > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  if (parts.images_bytes + parts.partial_floats > 0 && (workspace == nullptr || !aligned(workspace, 16)))
+    return cudaErrorInvalidValue;
   float* partials = parts.partial_floats > 0
                         ? reinterpret_cast<float*>(static_cast<char*>(workspace) + parts.images_bytes)
                         : nullptr;
