@@ -27,13 +27,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "backend/cuda/cp_async.cuh"  // shared_address
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/split_by_waves.h"
 
 namespace qspec::cuda {
 
@@ -760,41 +760,30 @@ int block_rows(int64_t rows, const W4a16GemmTuning& tuning) {
   return takes_wgmma(tuning) && rows > RowBlocks64::kRows ? RowBlocks128::kRows : RowBlocks64::kRows;
 }
 
-// The split of K with the least estimated time: waves of blocks x (chunks a split + kSplitCostChunks), over
-// splits of at least kMinChunksPerSplit chunks, at most 8 (the portable cluster size); added inside
-// clusters where the GPU has them (up to max_cluster), else left as partials for the sums kernel. Ties go
-// to fewer splits. A forced split (tuning) may be any count.
+// The split of K with the least estimated time (splits_by_waves): waves of blocks x (chunks a split +
+// kSplitCostChunks), over splits of at least kMinChunksPerSplit chunks, at most 8 (the portable cluster
+// size); added inside clusters where the GPU has them (up to max_cluster), else left as partials for the
+// sums kernel. A forced split (tuning) may be any count.
 template <typename Shape>
 Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const W4a16GemmTuning& tuning) {
   const GemmDevice& device = gemm_device();
   const int64_t chunks = in_features / kChunkK;
   const bool clusters = tuning.cluster_sums && device.max_cluster > 0;
   auto split_of = [&](int64_t wanted) {
-    const int64_t per_split = (chunks + wanted - 1) / wanted;
-    const int64_t splits = (chunks + per_split - 1) / per_split;
-    return Split{splits, per_split, splits > 1 && clusters && splits <= device.max_cluster};
+    const KSplit split = split_k(chunks, wanted);
+    return Split{split.splits, split.chunks_per_split,
+                 split.splits > 1 && clusters && split.splits <= device.max_cluster};
   };
   if (tuning.splits > 0) return split_of(tuning.splits);
   const int64_t tiles =
       ((out_features + Shape::kFeatures - 1) / Shape::kFeatures) * ((rows + Shape::kRows - 1) / Shape::kRows);
-  Split best = split_of(1);
-  int64_t best_cost = std::numeric_limits<int64_t>::max();
-  for (int64_t wanted = 1; wanted <= kPortableCluster; ++wanted) {
-    const Split split = split_of(wanted);
-    if (split.splits != wanted || (wanted > 1 && split.chunks_per_split < kMinChunksPerSplit)) continue;
-    const ShapeOccupancy& o = Shape::kRows == RowBlocks128::kRows ? device.rows128 : device.rows64;
-    const int64_t at_once = wanted == 1          ? o.resident_blocks
-                            : split.cluster_sums ? o.concurrent_clusters[wanted]
-                                                 : o.resident_blocks / wanted;
-    if (at_once <= 0) continue;
-    const int64_t waves = (tiles + at_once - 1) / at_once;
-    const int64_t cost = waves * (split.chunks_per_split + kSplitCostChunks);
-    if (cost < best_cost) {
-      best = split;
-      best_cost = cost;
-    }
-  }
-  return best;
+  const ShapeOccupancy& o = Shape::kRows == RowBlocks128::kRows ? device.rows128 : device.rows64;
+  const auto concurrent = [&](int64_t wanted) -> int64_t {
+    if (wanted == 1) return o.resident_blocks;
+    return split_of(wanted).cluster_sums ? o.concurrent_clusters[wanted] : o.resident_blocks / wanted;
+  };
+  return split_of(
+      splits_by_waves(tiles, chunks, kPortableCluster, kMinChunksPerSplit, kSplitCostChunks, concurrent));
 }
 
 Split gemm_split(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
