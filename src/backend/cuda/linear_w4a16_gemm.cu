@@ -310,6 +310,19 @@ __device__ inline void barrier_wait(uint64_t* barrier, unsigned phase) {
 #endif
 }
 
+// The lane's A fragments of 32-k block u for every tile: low (feature g) and high (g + 8) pairs 0..3; pairs
+// 0, 1 are the k16 step 2u, pairs 2, 3 step 2u + 1.
+template <int kScalesPerChunk, int kTiles>
+__device__ inline void block_fragments(uint32_t (&f)[kTiles][2][4],
+                                       const ChunkWeights<kScalesPerChunk, kTiles>& w, int u) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      scaled_nibble_pairs(word_of(w.words[t][h], u), block_scale<kScalesPerChunk>(w.scales[t][h], u),
+                          f[t][h]);
+}
+
 // One staged chunk times the lane's weights of it, into acc[tile][row group].
 template <typename Shape, int kScalesPerChunk>
 __device__ inline void multiply_chunk(float (&acc)[Shape::kTiles][Shape::kRowGroups][4],
@@ -318,20 +331,15 @@ __device__ inline void multiply_chunk(float (&acc)[Shape::kTiles][Shape::kRowGro
   constexpr int kTiles = Shape::kTiles;
 #pragma unroll
   for (int u = 0; u < kChunkBlocks; ++u) {
-    uint32_t low[kTiles][4], high[kTiles][4];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      scaled_nibble_pairs(word_of(w.words[t][0], u), block_scale<kScalesPerChunk>(w.scales[t][0], u), low[t]);
-      scaled_nibble_pairs(word_of(w.words[t][1], u), block_scale<kScalesPerChunk>(w.scales[t][1], u),
-                          high[t]);
-    }
+    uint32_t f[kTiles][2][4];
+    block_fragments(f, w, u);
 #pragma unroll
     for (int n = 0; n < Shape::kRowGroups; ++n) {
       const uint4 x = stage[stage_slot(8 * n + g, 4 * u + q)];
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-        mma_bf16(acc[t][n], {low[t][0], high[t][0], low[t][1], high[t][1]}, x.x, x.y);
-        mma_bf16(acc[t][n], {low[t][2], high[t][2], low[t][3], high[t][3]}, x.z, x.w);
+        mma_bf16(acc[t][n], {f[t][0][0], f[t][1][0], f[t][0][1], f[t][1][1]}, x.x, x.y);
+        mma_bf16(acc[t][n], {f[t][0][2], f[t][1][2], f[t][0][3], f[t][1][3]}, x.z, x.w);
       }
     }
   }
@@ -418,19 +426,6 @@ __device__ inline void wgmma_bf16(float (&d)[16][4], uint32_t a0, uint32_t a1, u
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
 #endif
-}
-
-// The lane's A fragments of 32-k block u for every tile: low (feature g) and high (g + 8) pairs 0..3; pairs
-// 0, 1 are the k16 step 2u, pairs 2, 3 step 2u + 1.
-template <int kScalesPerChunk, int kTiles>
-__device__ inline void block_fragments(uint32_t (&f)[kTiles][2][4],
-                                       const ChunkWeights<kScalesPerChunk, kTiles>& w, int u) {
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      scaled_nibble_pairs(word_of(w.words[t][h], u), block_scale<kScalesPerChunk>(w.scales[t][h], u),
-                          f[t][h]);
 }
 
 // One staged chunk times the warpgroup's weights of it: per 32-k block two k16 steps of kTiles wgmmas, one
