@@ -291,20 +291,85 @@ TEST(CpuGatedDeltaRule, SplitAcrossCallsEqualsAllAtOnce) {
   }
 }
 
+// A verify step's record of a problem's rows (GdnReplayRows), NaN until written.
+struct GdnRecord {
+  TestTensor keys, decays, deltas;
+
+  GdnRecord(const GdnShape& s, int64_t tokens)
+      : keys(DType::F32, tokens, int64_t{s.num_key_heads} * s.key_head_dim),
+        decays(DType::F32, tokens, s.num_value_heads),
+        deltas(DType::F32, tokens, int64_t{s.num_value_heads} * s.value_head_dim) {}
+
+  GdnReplayRows rows(int64_t count) const {
+    return {keys.view().rows_view(0, count), decays.view().rows_view(0, count),
+            deltas.view().rows_view(0, count)};
+  }
+};
+
+// The record gated_delta_rule keeps of p's rows without advancing p's state (checked unchanged).
+GdnRecord verify_record(Backend& backend, const GdnProblem& p) {
+  GdnRecord record(p.shape, p.tokens());
+  TestTensor out(DType::F32, p.tokens(), p.out_cols()), state = p.state_copy();
+  backend.gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(), p.shape,
+                           GdnStateUpdate(record.rows(p.tokens())));
+  EXPECT_EQ(cpu_test::relative_max_error(state, cpu_test::reference_of(p.state)), 0.0);
+  return record;
+}
+
+// The record holds what the recurrence used: the L2-normalised keys (against the double formula), the
+// decays exp(g) and deltas that replay (S = decay S; S += k delta^T, in double) to the state of the
+// recurrence that advances.
+TEST(CpuGdnReplay, RecordHoldsKeysDecaysAndDeltas) {
+  std::mt19937 rng(33);
+  auto backend = make_cpu_backend();
+  const GdnProblem p(rng, kGroupedShape, 7);
+  const GdnRecord record = verify_record(*backend, p);
+  const auto& [nk, nv, dk, dv] = p.shape;
+  TestTensor advanced = p.state_copy(), out(DType::F32, p.tokens(), p.out_cols());
+  backend->gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), advanced.view(), p.shape,
+                            true);
+  Reference replayed = cpu_test::reference_of(p.state);
+  double worst_key = 0, worst_decay = 0;
+  for (int64_t t = 0; t < p.tokens(); ++t) {
+    for (int kh = 0; kh < nk; ++kh) {
+      double norm = 0;
+      for (int i = 0; i < dk; ++i) norm += std::pow(p.qkv.get(t, int64_t{nk} * dk + kh * dk + i), 2);
+      for (int i = 0; i < dk; ++i) {
+        const double expected = p.qkv.get(t, int64_t{nk} * dk + kh * dk + i) / std::sqrt(norm + 1e-6);
+        worst_key = std::max(worst_key, std::abs(record.keys.get(t, kh * dk + i) - expected));
+      }
+    }
+    for (int h = 0; h < nv; ++h) {
+      const double decay = record.decays.get(t, h);
+      worst_decay = std::max(worst_decay, std::abs(decay - std::exp(p.g.get(t, h))));
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) {
+          double& s = replayed.at(h * dk + i, j);
+          s = s * decay + record.keys.get(t, (h / (nv / nk)) * dk + i) * record.deltas.get(t, h * dv + j);
+        }
+    }
+  }
+  EXPECT_LE(worst_key, 1e-6);
+  EXPECT_LE(worst_decay, 1e-6);
+  EXPECT_LE(cpu_test::relative_max_error(advanced, replayed), 1e-5);
+}
+
 // gdn_commit over two layers (strided conv inputs, as the model's pending rows are) equals, per layer,
-// conv1d_silu and gated_delta_rule with update_state: the states bit for bit (the recurrence, T <= 16),
-// T = 17 against the recurrence itself; conv histories shorter and longer than T.
+// conv1d_silu and gated_delta_rule with update_state, bit for bit: the replay of the verify record makes the
+// recurrence's state. A record past a verify block (16 rows) is refused.
 TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
   std::mt19937 rng(34);
   auto backend = make_cpu_backend();
   constexpr int64_t kKernel = 4, kLayers = 2;
-  for (int64_t tokens : {1, 2, 3, 16, 17}) {
+  for (int64_t tokens : {1, 2, 3, 16}) {
     SCOPED_TRACE(::testing::Message() << "T " << tokens);
     std::vector<GdnProblem> problems;
+    std::vector<GdnRecord> records;
     std::vector<TestTensor> conv_inputs, conv_weights, conv_states, commit_conv_states, commit_states;
     std::vector<GdnCommitLayer> layers;
     for (int64_t i = 0; i < kLayers; ++i) {
       const GdnProblem& p = problems.emplace_back(rng, kGroupedShape, tokens);
+      records.push_back(verify_record(*backend, p));
       const int64_t channels = p.qkv.cols();
       conv_inputs.push_back(cpu_test::random_tensor(rng, DType::F32, tokens, channels, -1, 1, channels + 5));
       conv_weights.push_back(cpu_test::random_tensor(rng, DType::F32, channels, kKernel, -0.5, 0.5));
@@ -315,7 +380,7 @@ TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
     }
     for (int64_t i = 0; i < kLayers; ++i)
       layers.push_back({commit_conv_states[i].view(), conv_inputs[i].view(), commit_states[i].view(),
-                        problems[i].qkv.view(), problems[i].beta.view(), problems[i].g.view()});
+                        records[i].rows(tokens)});
     backend->gdn_commit(layers, kGroupedShape, Tensor{});
     for (int64_t i = 0; i < kLayers; ++i) {
       const GdnProblem& p = problems[i];
@@ -323,17 +388,24 @@ TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
       TestTensor state = p.state_copy();
       backend->conv1d_silu(conv_out.view(), conv_inputs[i].view(), conv_states[i].view(),
                            conv_weights[i].view(), true);
-      if (tokens <= cpu::kGdnRecurrentMaxTokens)
-        backend->gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(), p.shape,
-                                  true);
-      else
-        cpu::gated_delta_rule_recurrent(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(),
-                                        p.shape);
+      backend->gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(), p.shape,
+                                true);
       EXPECT_EQ(cpu_test::relative_max_error(commit_conv_states[i], cpu_test::reference_of(conv_states[i])),
                 0.0);
       EXPECT_EQ(cpu_test::relative_max_error(commit_states[i], cpu_test::reference_of(state)), 0.0);
+      EXPECT_GT(cpu_test::relative_max_error(commit_states[i], cpu_test::reference_of(p.state)), 0.0);
     }
   }
+  const GdnProblem long_problem(rng, kGroupedShape, 17);
+  const GdnRecord record(kGroupedShape, 17);
+  TestTensor out(DType::F32, 17, long_problem.out_cols()), state = long_problem.state_copy();
+  cpu_test::expect_error(
+      [&] {
+        backend->gated_delta_rule(out.view(), long_problem.qkv.view(), long_problem.beta.view(),
+                                  long_problem.g.view(), state.view(), kGroupedShape,
+                                  GdnStateUpdate(record.rows(17)));
+      },
+      {"gated_delta_rule", "replay record of 17 rows", "at most 16"});
 }
 
 // A count of rows in a tensor (as the model's recorded replays take it) accepts that prefix of the layer's
@@ -347,13 +419,9 @@ TEST(CpuGdnCommit, RowCountAcceptsAPrefix) {
   const int64_t channels = p.qkv.cols();
   const TestTensor conv_input = cpu_test::random_tensor(rng, DType::F32, kTokens, channels, -1, 1);
   const TestTensor conv_state = cpu_test::random_tensor(rng, DType::F32, channels, 3, -1, 1);
+  const GdnRecord record = verify_record(*backend, p);
   auto layer_of = [&](const TestTensor& c, const TestTensor& s, int64_t rows) {
-    return GdnCommitLayer{c.view(),
-                          conv_input.view().rows_view(0, rows),
-                          s.view(),
-                          p.qkv.view().rows_view(0, rows),
-                          p.beta.view().rows_view(0, rows),
-                          p.g.view().rows_view(0, rows)};
+    return GdnCommitLayer{c.view(), conv_input.view().rows_view(0, rows), s.view(), record.rows(rows)};
   };
   auto copy_of = [&](const TestTensor& t) {
     TestTensor copy(DType::F32, t.rows(), t.cols());
@@ -400,12 +468,17 @@ TEST(CpuGdnCommit, RefusesLayersOfDifferentLengths) {
   const GdnProblem first(rng, kGroupedShape, 3), second(rng, kGroupedShape, 2);
   TestTensor conv_state = cpu_test::random_tensor(rng, DType::F32, first.qkv.cols(), 3);
   TestTensor state_a = first.state_copy(), state_b = second.state_copy();
-  const std::vector<GdnCommitLayer> layers = {{conv_state.view(), first.qkv.view(), state_a.view(),
-                                               first.qkv.view(), first.beta.view(), first.g.view()},
-                                              {conv_state.view(), second.qkv.view(), state_b.view(),
-                                               second.qkv.view(), second.beta.view(), second.g.view()}};
+  const GdnRecord record_a = verify_record(*backend, first), record_b = verify_record(*backend, second);
+  const std::vector<GdnCommitLayer> layers = {
+      {conv_state.view(), first.qkv.view(), state_a.view(), record_a.rows(3)},
+      {conv_state.view(), second.qkv.view(), state_b.view(), record_b.rows(2)}};
   cpu_test::expect_error([&] { backend->gdn_commit(layers, kGroupedShape, Tensor{}); },
                          {"gdn_commit", "layers[1].conv_input", "[2, 192]", "[3, 192]"});
+  // A record of other rows than the conv inputs', naming the record's tensor.
+  const std::vector<GdnCommitLayer> short_record = {
+      {conv_state.view(), first.qkv.view(), state_a.view(), record_a.rows(2)}};
+  cpu_test::expect_error([&] { backend->gdn_commit(short_record, kGroupedShape, Tensor{}); },
+                         {"gdn_commit", "layers[0].replay.keys", "[2, 64]", "[3, 64]"});
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -337,8 +338,25 @@ void check_gdn_shape(const GdnShape& shape) {
         nk, nv, dk, dv);
 }
 
+namespace {
+
+// A replay record's tensors: F32 rows of the layer's keys, decays and value columns, `tokens` of each.
+void check_gdn_replay_rows(std::string_view op, std::string_view name, const GdnReplayRows& replay,
+                           const GdnShape& shape, int64_t tokens) {
+  const auto& [nk, nv, dk, dv] = shape;
+  const auto arg = [name](std::string_view field) { return fmt::format("{}.{}", name, field); };
+  require_activation(op, arg("keys"), replay.keys);
+  require_activation(op, arg("decays"), replay.decays);
+  require_activation(op, arg("deltas"), replay.deltas);
+  require_shape(op, arg("keys"), replay.keys, tokens, int64_t{nk} * dk);
+  require_shape(op, arg("decays"), replay.decays, tokens, nv);
+  require_shape(op, arg("deltas"), replay.deltas, tokens, int64_t{nv} * dv);
+}
+
+}  // namespace
+
 void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                 const Tensor& state, const GdnShape& shape) {
+                                 const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) {
   constexpr std::string_view op = "gated_delta_rule";
   const auto& [nk, nv, dk, dv] = shape;
   require_activation(op, "qkv", qkv);
@@ -352,11 +370,29 @@ void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Ten
   require_shape(op, "beta", beta, tokens, nv);
   require_shape(op, "g", g, tokens, nv);
   require_shape(op, "state", state, int64_t{nv} * dk, dv);
+  if (update.replay.empty()) return;
+  if (tokens > kGdnReplayMaxRows)
+    fail("{}: a replay record of {} rows, expected at most {} (a verify block)", op, tokens,
+         kGdnReplayMaxRows);
+  check_gdn_replay_rows(op, "replay", update.replay, shape, tokens);
+  const std::pair<std::string_view, const Tensor*> record[] = {{"replay.keys", &update.replay.keys},
+                                                               {"replay.decays", &update.replay.decays},
+                                                               {"replay.deltas", &update.replay.deltas}};
+  const std::pair<std::string_view, const Tensor*> operands[] = {
+      {"out", &out}, {"state", &state}, {"qkv", &qkv}, {"beta", &beta}, {"g", &g}};
+  for (size_t i = 0; i < std::size(record); ++i) {
+    for (size_t j = i + 1; j < std::size(record); ++j)
+      if (record[i].second->overlaps(*record[j].second))
+        fail("{}: {} and {} overlap (each needs its own memory)", op, record[i].first, record[j].first);
+    for (const auto& [name, other] : operands)
+      if (record[i].second->overlaps(*other)) fail("{}: {} overlaps {}", op, record[i].first, name);
+  }
 }
 
 void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                           const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
-                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape) {
+                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
+                          const GdnStateUpdate& update) {
   constexpr std::string_view op = "gdn_mixer";
   check_gdn_shape(shape);
   const auto& [nk, nv, dk, dv] = shape;
@@ -367,15 +403,20 @@ void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tenso
   check_conv1d_operands(conv_out, mixed, conv_state, w.conv_weight);
   check_conv1d_shapes(conv_out, mixed, conv_state, w.conv_weight);
   check_gdn_gates_linear_args(beta, g, x, w.w_b, w.w_a, w.a_log, w.dt_bias);
-  check_gated_delta_rule_args(core, conv_out, beta, g, recurrent_state, shape);
+  check_gated_delta_rule_args(core, conv_out, beta, g, recurrent_state, shape, update);
   check_norm_args("gdn_mixer", out, core, w.norm_weight);
   check_norm_gate_args(z, core);
   // Its kernels write every output while they read the inputs (CUDA), so none may share bytes.
-  const std::pair<std::string_view, const Tensor*> outputs[] = {
+  const GdnReplayRows& replay = update.replay;
+  std::vector<std::pair<std::string_view, const Tensor*>> outputs = {
       {"out", &out}, {"conv_out", &conv_out}, {"beta", &beta}, {"g", &g}, {"core", &core}};
+  if (!replay.empty())
+    outputs.insert(outputs.end(), {{"replay.keys", &replay.keys},
+                                   {"replay.decays", &replay.decays},
+                                   {"replay.deltas", &replay.deltas}});
   const std::pair<std::string_view, const Tensor*> inputs[] = {{"qkvz", &qkvz}, {"x", &x}};
-  for (size_t i = 0; i < std::size(outputs); ++i) {
-    for (size_t j = i + 1; j < std::size(outputs); ++j)
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j)
       if (outputs[i].second->overlaps(*outputs[j].second))
         fail("{}: {} and {} overlap (each output needs its own memory)", op, outputs[i].first,
              outputs[j].first);
@@ -389,8 +430,10 @@ void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tenso
                                  const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                                  const Tensor& core, const Tensor& qkvz, const Tensor& x,
                                  const Tensor& conv_state, const Tensor& recurrent_state,
-                                 const GdnMixerWeights& w, const GdnShape& shape) {
-  check_gdn_mixer_args(gated, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
+                                 const GdnMixerWeights& w, const GdnShape& shape,
+                                 const GdnStateUpdate& update) {
+  check_gdn_mixer_args(gated, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape,
+                       update);
   check_linear_args(projection.out, gated, projection.w);
   const std::pair<std::string_view, const Tensor*> mixer_tensors[] = {
       {"gated", &gated},
@@ -413,21 +456,16 @@ void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShap
   check_gdn_shape(shape);
   if (!rows.empty()) require_indices(op, "rows", rows, 1);
   const auto& [nk, nv, dk, dv] = shape;
-  const int64_t tokens = layers.empty() ? 0 : layers.front().qkv.rows;
+  const int64_t tokens = layers.empty() ? 0 : layers.front().conv_input.rows;
   for (size_t i = 0; i < layers.size(); ++i) {
     const GdnCommitLayer& layer = layers[i];
     const auto arg = [i](std::string_view name) { return fmt::format("layers[{}].{}", i, name); };
     require_activation(op, arg("conv_state"), layer.conv_state);
     require_activation(op, arg("conv_input"), layer.conv_input);
     require_activation(op, arg("recurrent_state"), layer.recurrent_state);
-    require_activation(op, arg("qkv"), layer.qkv);
-    require_activation(op, arg("beta"), layer.beta);
-    require_activation(op, arg("g"), layer.g);
     require_shape(op, arg("conv_input"), layer.conv_input, tokens, layer.conv_state.rows);
     require_shape(op, arg("recurrent_state"), layer.recurrent_state, int64_t{nv} * dk, dv);
-    require_shape(op, arg("qkv"), layer.qkv, tokens, 2 * int64_t{nk} * dk + int64_t{nv} * dv);
-    require_shape(op, arg("beta"), layer.beta, tokens, nv);
-    require_shape(op, arg("g"), layer.g, tokens, nv);
+    check_gdn_replay_rows(op, arg("replay"), layer.replay, shape, tokens);
   }
 }
 

@@ -80,22 +80,25 @@ void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, 
 void check_gdn_gates_linear_args(const Tensor& beta, const Tensor& g, const Tensor& x,
                                  const LinearWeight& w_b, const LinearWeight& w_a, const Tensor& a_log,
                                  const Tensor& dt_bias);
-// gated_delta_rule: a valid GdnShape; then the tensors against it.
+// gated_delta_rule: a valid GdnShape; then the tensors against it; a replay record F32 of the rows' shapes,
+// T <= kGdnReplayMaxRows, its tensors apart from each other and from out and state.
 void check_gdn_shape(const GdnShape& shape);
 void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                 const Tensor& state, const GdnShape& shape);
+                                 const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update);
 // gdn_mixer: qkvz [T, C + nv dv] (C = 2 nk dk + nv dv), then each composed op's arguments as that op checks
 // them (conv1d_silu, gdn_gates_linear, gated_delta_rule, gated_rmsnorm).
 void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                           const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
-                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape);
+                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
+                          const GdnStateUpdate& update);
 // gdn_mixer_linear: the mixer's arguments as gdn_mixer checks them (its out: gated), the projection as linear
 // checks it (its x: gated), and projection.out overlapping none of the mixer's tensors.
 void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tensor& gated,
                                  const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                                  const Tensor& core, const Tensor& qkvz, const Tensor& x,
                                  const Tensor& conv_state, const Tensor& recurrent_state,
-                                 const GdnMixerWeights& w, const GdnShape& shape);
+                                 const GdnMixerWeights& w, const GdnShape& shape,
+                                 const GdnStateUpdate& update);
 // gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T; rows
 // empty or I32 [1, 1] (its value is the backend's to check: it may be on the device).
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape, const Tensor& rows);

@@ -43,9 +43,9 @@ void Backend::gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor
 void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                         const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                         const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
-                        float eps, bool update_state) {
-  check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
-  gdn_mixer_to_core(conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update_state);
+                        float eps, const GdnStateUpdate& update) {
+  check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update);
+  gdn_mixer_to_core(conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update);
   const int64_t channels = conv_out.cols;
   gated_rmsnorm(out, core, w.norm_weight, qkvz.cols_view(channels, qkvz.cols - channels), eps);
 }
@@ -53,10 +53,11 @@ void Backend::gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor&
 void Backend::gdn_mixer_to_core(const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                                 const Tensor& core, const Tensor& qkvz, const Tensor& x,
                                 const Tensor& conv_state, const Tensor& recurrent_state,
-                                const GdnMixerWeights& w, const GdnShape& shape, bool update_state) {
-  conv1d_silu(conv_out, qkvz.cols_view(0, conv_out.cols), conv_state, w.conv_weight, update_state);
+                                const GdnMixerWeights& w, const GdnShape& shape,
+                                const GdnStateUpdate& update) {
+  conv1d_silu(conv_out, qkvz.cols_view(0, conv_out.cols), conv_state, w.conv_weight, update.advance);
   gdn_gates_linear(beta, g, x, w.w_b, w.w_a, w.a_log, w.dt_bias);
-  gated_delta_rule(core, conv_out, beta, g, recurrent_state, shape, update_state);
+  gated_delta_rule(core, conv_out, beta, g, recurrent_state, shape, update);
 }
 
 void Backend::gdn_mixer_linear(const LinearProjection& projection, const Tensor& gated,
@@ -64,11 +65,10 @@ void Backend::gdn_mixer_linear(const LinearProjection& projection, const Tensor&
                                const Tensor& core, const Tensor& qkvz, const Tensor& x,
                                const Tensor& conv_state, const Tensor& recurrent_state,
                                const GdnMixerWeights& w, const GdnShape& shape, float eps,
-                               bool update_state) {
+                               const GdnStateUpdate& update) {
   check_gdn_mixer_linear_args(projection, gated, conv_out, beta, g, core, qkvz, x, conv_state,
-                              recurrent_state, w, shape);
-  gdn_mixer(gated, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, eps,
-            update_state);
+                              recurrent_state, w, shape, update);
+  gdn_mixer(gated, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, eps, update);
   linear(projection.out, gated, projection.w);
 }
 

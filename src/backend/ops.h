@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "backend/tensor.h"
 
@@ -51,12 +52,36 @@ struct GdnMixerWeights {
   Tensor norm_weight;     // [1, dv]
 };
 
-// One GDN layer's part of a commit: its states and the T accepted rows' inputs to advance them past.
+// What the per-token recurrence of a verify step keeps of its rows for gdn_commit: per row, the keys as it
+// used them (L2-normalised), the decays exp(g) and delta = beta (v - S^T k) of every value column. Replaying
+// S = decay S; S += k delta^T over the first rows gives the state the recurrence reached there, bit for bit,
+// without the prediction S^T k (a reduction over dk per column and token).
+inline constexpr int64_t kGdnReplayMaxRows = 16;  // a verify block: the per-token recurrence's calls
+
+struct GdnReplayRows {
+  Tensor keys;    // [T, nk * dk]
+  Tensor decays;  // [T, nv]
+  Tensor deltas;  // [T, nv * dv]
+
+  bool empty() const { return keys.empty(); }
+};
+
+// What a GDN op does with a layer's states: advance them past its rows (prefill, decode), or only read them,
+// keeping the rows' replay record when one is given (a verify step). From a bool: no record.
+struct GdnStateUpdate {
+  bool advance = true;
+  GdnReplayRows replay;
+
+  GdnStateUpdate(bool advance_states) : advance(advance_states) {}  // NOLINT(google-explicit-constructor)
+  explicit GdnStateUpdate(GdnReplayRows rows) : advance(false), replay(std::move(rows)) {}
+};
+
+// One GDN layer's part of a commit: its states and the T accepted rows to advance them past.
 struct GdnCommitLayer {
   Tensor conv_state;       // [C, K-1], as conv1d_silu's state
   Tensor conv_input;       // [T, C], conv1d_silu's x of the rows
   Tensor recurrent_state;  // [nv * dk, dv], as gated_delta_rule's state
-  Tensor qkv, beta, g;     // gated_delta_rule's inputs of the same T rows
+  GdnReplayRows replay;    // the verify step's record of the same T rows
 };
 
 struct AttentionShape {
@@ -223,27 +248,28 @@ class Backend {
   virtual void gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
                                 const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias);
   // Gated delta rule over T tokens from `state` [nv * dk, dv] (fp32; advanced past the T tokens when
-  // update_state, else only read). qkv [T, 2*nk*dk + nv*dv] is the conv output (q | k | v); q and k are
+  // update.advance, else only read, and update.replay, if given, filled: T up to a verify block, the
+  // per-token recurrence's rows). qkv [T, 2*nk*dk + nv*dv] is the conv output (q | k | v); q and k are
   // L2-normalised inside (eps 1e-6) and q scaled by dk^-0.5. out [T, nv*dv].
   virtual void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                const Tensor& state, const GdnShape& shape, bool update_state) = 0;
+                                const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) = 0;
   // The states' side of accepting T rows of a verify step, for many GDN layers in one call (one launch on
-  // CUDA): each conv state advances as conv1d_silu with update_state would, each recurrent state as
-  // gated_delta_rule with update_state would (bit for bit where that op runs its per-token recurrence: T up
-  // to a verify block); no outputs. All layers have the same T and shape. `rows` (I32 [1, 1], or empty for
-  // all T) accepts only the first rows[0] of the T rows, read when the op runs, so that one recorded commit
-  // takes any count: CPU refuses a count outside [0, T], CUDA takes it clamped to that range.
+  // CUDA): each conv state advances as conv1d_silu with update_state would, each recurrent state by the
+  // replay of its record (GdnReplayRows: bit for bit the state gated_delta_rule reached); no outputs. All
+  // layers have the same T and shape. `rows` (I32 [1, 1], or empty for all T) accepts only the first rows[0]
+  // of the T rows, read when the op runs, so that one recorded commit takes any count: CPU refuses a count
+  // outside [0, T], CUDA takes it clamped to that range.
   virtual void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape,
                           const Tensor& rows) = 0;
   // A GDN layer's mixer, between its input and output projections: conv1d_silu of qkvz's first C columns into
   // conv_out, gdn_gates_linear of x into beta and g, gated_delta_rule into core, then gated_rmsnorm of core
-  // with z (qkvz's last nv*dv columns) into out; update_state as in conv1d_silu and gated_delta_rule. The
-  // default composes the four ops; CUDA runs a decode or verify step's as two kernels (core: their scratch).
-  // The outputs (out, conv_out, beta, g, core) overlap neither each other nor qkvz or x.
+  // with z (qkvz's last nv*dv columns) into out; `update` as conv1d_silu (advance) and gated_delta_rule take
+  // it. The default composes the four ops; CUDA runs a decode or verify step's as two kernels (core: their
+  // scratch). The outputs (out, conv_out, beta, g, core) overlap neither each other nor qkvz or x.
   virtual void gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                          const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
-                         float eps, bool update_state);
+                         float eps, const GdnStateUpdate& update);
   // A GDN layer's mixer and its output projection, in one op so that a backend may hand the mixer's rows to
   // the projection in its own format (CUDA's prefill writes them in BF16 for cuBLAS): gdn_mixer into gated,
   // then projection.out = gated W^T as linear makes it. gated [T, nv dv] is the op's scratch; the other
@@ -253,7 +279,7 @@ class Backend {
                                 const Tensor& core, const Tensor& qkvz, const Tensor& x,
                                 const Tensor& conv_state, const Tensor& recurrent_state,
                                 const GdnMixerWeights& w, const GdnShape& shape, float eps,
-                                bool update_state);
+                                const GdnStateUpdate& update);
   // Per group of weight.cols: y = w * rmsnorm(x) * silu(z)   (plain weight, no unit offset)
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                              float eps) = 0;
@@ -267,7 +293,7 @@ class Backend {
   void gdn_mixer_to_core(const Tensor& conv_out, const Tensor& beta, const Tensor& g, const Tensor& core,
                          const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,
-                         bool update_state);
+                         const GdnStateUpdate& update);
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -165,7 +165,7 @@ double allocated_state_bytes(const Qwen35State& state) {
   for (const Qwen35State::Layer& layer : state.layers)
     for (const auto* buffer :
          {&layer.k_cache, &layer.v_cache, &layer.conv_state, &layer.recurrent_state, &layer.pending_conv_in,
-          &layer.pending_qkv, &layer.pending_beta, &layer.pending_g})
+          &layer.pending_keys, &layer.pending_decays, &layer.pending_deltas})
       if (*buffer) bytes += double((*buffer)->tensor().element_bytes());
   return bytes;
 }

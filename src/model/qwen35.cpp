@@ -192,9 +192,10 @@ bool Qwen35Model::ensure_pending(Qwen35State& state, int rows) {
   for (Qwen35State::Layer& s : state.layers) {
     if (!s.conv_state) continue;
     s.pending_conv_in = backend_.alloc(DType::F32, rows, c.conv_dim() + c.linear_value_dim());
-    s.pending_qkv = backend_.alloc(DType::F32, rows, c.conv_dim());
-    s.pending_beta = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
-    s.pending_g = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
+    s.pending_keys =
+        backend_.alloc(DType::F32, rows, int64_t{c.linear_num_key_heads} * c.linear_key_head_dim);
+    s.pending_decays = backend_.alloc(DType::F32, rows, c.linear_num_value_heads);
+    s.pending_deltas = backend_.alloc(DType::F32, rows, c.linear_value_dim());
   }
   state.pending_capacity = rows;
   return true;
@@ -271,19 +272,21 @@ void Qwen35Model::gated_delta_net(const Qwen35Layer& layer, Qwen35State::Layer& 
   const int64_t T = in.x.rows;
   Workspace& ws = *ws_;
   auto view = [T](const std::unique_ptr<Buffer>& b) { return first_rows(b, T); };
-  // A verify step keeps what the recurrence reads (conv input and output, beta, g) for commit's replay.
+  // A verify step keeps the conv input and the recurrence's record for commit's replay.
   Tensor qkvz = view(advance ? ws.gdn_qkvz : state.pending_conv_in);
-  Tensor conv = view(advance ? ws.gdn_conv : state.pending_qkv);
-  Tensor beta = view(advance ? ws.gdn_beta : state.pending_beta);
-  Tensor g = view(advance ? ws.gdn_g : state.pending_g);
+  Tensor conv = view(ws.gdn_conv), beta = view(ws.gdn_beta), g = view(ws.gdn_g);
   Tensor core = view(ws.gdn_core), gated = view(ws.gdn_gated);
+  const GdnStateUpdate update =
+      advance ? GdnStateUpdate(true)
+              : GdnStateUpdate(GdnReplayRows{view(state.pending_keys), view(state.pending_decays),
+                                             view(state.pending_deltas)});
   // The mixer reads the normed rows too (its gate projections).
   norm_linear(in, layer.input_norm, qkvz, layer.in_proj_qkvz, NormedRows::Kept);
   backend_.gdn_mixer_linear(
       {out, layer.out_proj}, gated, conv, beta, g, core, qkvz, in.normed, state.conv_state->tensor(),
       state.recurrent_state->tensor(),
       {layer.conv_weight, layer.in_proj_b, layer.in_proj_a, layer.a_log, layer.dt_bias, layer.gdn_norm},
-      gdn_shape(c), c.rms_norm_eps, advance);
+      gdn_shape(c), c.rms_norm_eps, update);
 }
 
 void Qwen35Model::gated_attention(const Qwen35Layer& layer, Qwen35State::Layer& state,
@@ -311,6 +314,9 @@ ForwardOutput Qwen35Model::forward(Qwen35State& state, std::span<const int32_t> 
   if (T == 0) fail("forward: no tokens to feed");
   if (state.n_past + T > state.max_context)
     fail("forward: {} tokens after {} exceed the context of {} tokens", T, state.n_past, state.max_context);
+  if (!options.advance && T > kGdnReplayMaxRows)
+    fail("forward: a verify step (advance false) of {} tokens, expected at most {} (a DFlash block)", T,
+         kGdnReplayMaxRows);
   for (int layer : options.hidden_layers)
     if (layer < 0 || layer >= c.num_layers)
       fail("forward: hidden layer {} out of range [0, {})", layer, c.num_layers);
@@ -366,9 +372,10 @@ void Qwen35Model::commit(Qwen35State& state, int rows) {
 }
 
 GdnCommitLayer Qwen35Model::pending_replay(Qwen35State::Layer& s) const {
-  return {s.conv_state->tensor(),      s.pending_conv_in->tensor().cols_view(0, config_.conv_dim()),
-          s.recurrent_state->tensor(), s.pending_qkv->tensor(),
-          s.pending_beta->tensor(),    s.pending_g->tensor()};
+  return {s.conv_state->tensor(),
+          s.pending_conv_in->tensor().cols_view(0, config_.conv_dim()),
+          s.recurrent_state->tensor(),
+          {s.pending_keys->tensor(), s.pending_decays->tensor(), s.pending_deltas->tensor()}};
 }
 
 void Qwen35Model::run_step(Qwen35State& state, int64_t T, int64_t logit_rows,

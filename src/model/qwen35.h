@@ -53,10 +53,10 @@ struct Qwen35State {
   struct Layer {
     std::unique_ptr<Buffer> k_cache, v_cache;             // [max_context, nkv * head_dim]
     std::unique_ptr<Buffer> conv_state, recurrent_state;  // [conv_dim, kernel-1], [nv * dk, dv]
-    // The GDN inputs of the pending verify step's rows, replayed by Qwen35Model::commit: the in_proj_qkvz
-    // output [rows, conv_dim + value_dim] whose first conv_dim columns are the conv input, the conv output
-    // (q | k | v) [rows, conv_dim], beta and g [rows, nv].
-    std::unique_ptr<Buffer> pending_conv_in, pending_qkv, pending_beta, pending_g;
+    // What Qwen35Model::commit replays of the pending verify step's rows: the in_proj_qkvz output [rows,
+    // conv_dim + value_dim] whose first conv_dim columns are the conv input, and the recurrence's record
+    // (GdnReplayRows): keys [rows, nk * dk], decays [rows, nv], deltas [rows, nv * dv].
+    std::unique_ptr<Buffer> pending_conv_in, pending_keys, pending_decays, pending_deltas;
   };
   std::vector<Layer> layers;
   int max_context = 0;

@@ -464,15 +464,17 @@ int run(const char* out_path, BenchScope scope) {
     // gdn_commit.
     for (int64_t tokens : {1, 4, 16}) {
       constexpr int64_t kConvHistory = 3;
-      const Tensor qkv = bench.activation(tokens, kQkvCols, -1, 1);
-      const Tensor beta = bench.activation(tokens, kHeads, 0.1f, 0.9f);
-      const Tensor g = bench.activation(tokens, kHeads, -1.0f, -0.01f);
+      const Tensor conv_input = bench.activation(tokens, kQkvCols, -1, 1);
+      const GdnReplayRows record{bench.activation(tokens, 16 * kDim, -0.3f, 0.3f),
+                                 bench.activation(tokens, kHeads, 0.1f, 1.0f),
+                                 bench.activation(tokens, kHeads * kDim, -1, 1)};
       std::vector<GdnCommitLayer> layers;
       for (const Tensor& state : states)
-        layers.push_back({bench.activation(kQkvCols, kConvHistory, -1, 1), qkv, state, qkv, beta, g});
+        layers.push_back({bench.activation(kQkvCols, kConvHistory, -1, 1), conv_input, state, record});
       const double seconds = bench.time([&] { backend->gdn_commit(layers, shape, Tensor{}); });
+      const double record_floats = static_cast<double>(tokens * (16 * kDim + kHeads + kHeads * kDim));
       const double bytes = kLayers * (2.0 * kHeads * kDim * kDim * 4 + 2.0 * kQkvCols * kConvHistory * 4 +
-                                      4.0 * static_cast<double>(tokens * (2 * kQkvCols + 2 * kHeads)));
+                                      4.0 * static_cast<double>(tokens * kQkvCols) + 4.0 * record_floats);
       results.push_back(
           entry(fmt::format("gdn_commit 24 layers T={} nv 32 dk=dv=128", tokens), bytes, seconds));
     }

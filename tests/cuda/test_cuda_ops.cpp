@@ -1690,6 +1690,32 @@ struct GdnCase {
   }
 };
 
+// A verify step's replay record (GdnReplayRows) of `tokens` rows on both backends, poisoned until written.
+struct RecordPair {
+  TensorPair keys, decays, deltas;
+
+  RecordPair(const GdnShape& s, int64_t tokens)
+      : keys(backends().poisoned(tokens, int64_t{s.num_key_heads} * s.key_head_dim)),
+        decays(backends().poisoned(tokens, s.num_value_heads)),
+        deltas(backends().poisoned(tokens, int64_t{s.num_value_heads} * s.value_head_dim)) {}
+
+  // Random rows (keys in [-0.3, 0.3], decays in [0.1, 1], deltas in [-1, 1]) for the commit alone.
+  RecordPair(std::mt19937& rng, const GdnShape& s, int64_t tokens)
+      : keys(random_pair(rng, tokens, int64_t{s.num_key_heads} * s.key_head_dim, -0.3f, 0.3f)),
+        decays(random_pair(rng, tokens, s.num_value_heads, 0.1f, 1.0f)),
+        deltas(random_pair(rng, tokens, int64_t{s.num_value_heads} * s.value_head_dim, -1.0f, 1.0f)) {}
+
+  GdnReplayRows side(bool gpu, int64_t count) const {
+    auto rows = [&](const TensorPair& t) { return (gpu ? t.gpu() : t.cpu()).rows_view(0, count); };
+    return {rows(keys), rows(decays), rows(deltas)};
+  }
+
+ private:
+  static TensorPair random_pair(std::mt19937& rng, int64_t rows, int64_t cols, float low, float high) {
+    return backends().activation(rows, cols, random_floats(rng, size_t(rows * cols), low, high));
+  }
+};
+
 // Every CUDA path against the CPU op: the recurrence (T < cuda::kGdnChunkedMinTokens = 64: decode, verify,
 // replay) and the chunked kernels (T >= 64; T = 3000 crosses the 2,048-token workspace segment), on the 4B
 // shape and on small ones with nk != nv and dk != dv (padded head dims). The CPU op is recurrent up to 16
@@ -1752,22 +1778,50 @@ TEST(CudaOps, GatedDeltaRule) {
 
 // update_state false (a verify step): the state is only read, bit for bit, and the output is exactly that of
 // the updating call, on each path (recurrent, chunked in one segment, chunked over two segments whose state
-// is carried in the workspace).
+// is carried in the workspace). A verify block's replay record (the recurrence: the 4B shape, a padded one
+// and the general kernel's) matches the CPU op's (kRecurrentGdnTolerance), and gdn_commit of it gives the
+// updating call's state bit for bit.
 TEST(CudaOps, GatedDeltaRuleWithoutStateUpdate) {
   std::mt19937 rng(15);
   auto& b = backends();
-  for (int64_t tokens : {16, 200, 3000}) {
-    const GdnCase in(rng, {16, 32, 128, 128}, tokens);
+  struct Case {
+    GdnShape shape;
+    int64_t tokens;
+  };
+  const std::vector<Case> cases = {{{16, 32, 128, 128}, 16},
+                                   {{16, 32, 128, 128}, 200},
+                                   {{16, 32, 128, 128}, 3000},
+                                   {{1, 3, 48, 20}, 15},
+                                   {{2, 2, 160, 30}, 16}};
+  for (const auto& [shape, tokens] : cases) {
+    const GdnCase in(rng, shape, tokens);
+    const bool recorded = tokens <= kGdnReplayMaxRows;
+    const RecordPair record(shape, recorded ? tokens : 1);
     TensorPair state = in.fresh_state();
     TensorPair kept_out = b.poisoned(tokens, in.out_cols()), updated_out = b.poisoned(tokens, in.out_cols());
-    b.gpu().gated_delta_rule(kept_out.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), state.gpu(), in.shape,
-                             false);
+    on_both([&](const Side& s) {
+      if (!s.gpu && !recorded) return;
+      s.backend.gated_delta_rule(
+          s(kept_out), s(in.qkv), s(in.beta), s(in.g), s(state), in.shape,
+          recorded ? GdnStateUpdate(record.side(s.gpu, tokens)) : GdnStateUpdate(false));
+    });
     expect_close("gated_delta_rule", in.label() + " update_state false: state unchanged",
                  b.read_gpu(state.gpu()), in.initial_state, kExact);
     b.gpu().gated_delta_rule(updated_out.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), state.gpu(),
                              in.shape, true);
     expect_close("gated_delta_rule", in.label() + " update_state false: out equals the updating call's",
                  b.read_gpu(kept_out.gpu()), b.read_gpu(updated_out.gpu()), kExact);
+    if (!recorded) continue;
+    compare("gated_delta_rule", in.label() + " replay keys vs CPU", record.keys, kRecurrentGdnTolerance);
+    compare("gated_delta_rule", in.label() + " replay decays vs CPU", record.decays, kRecurrentGdnTolerance);
+    compare("gated_delta_rule", in.label() + " replay deltas vs CPU", record.deltas, kRecurrentGdnTolerance);
+    const int64_t channels = in.qkv_cols();
+    const TensorPair conv_state = b.activation(channels, 3, random_floats(rng, size_t(channels * 3), -1, 1));
+    TensorPair replayed = in.fresh_state();
+    const GdnCommitLayer layer{conv_state.gpu(), in.qkv.gpu(), replayed.gpu(), record.side(true, tokens)};
+    b.gpu().gdn_commit({&layer, 1}, shape, Tensor{});
+    expect_close("gated_delta_rule", in.label() + " commit of the record equals the updating call's state",
+                 b.read_gpu(replayed.gpu()), b.read_gpu(state.gpu()), kExact);
   }
 }
 
@@ -1816,82 +1870,71 @@ TEST(CudaOps, GatedDeltaRuleTokensIndependentOfCall) {
 }
 
 // gdn_commit with the count of accepted rows on the device (as the model's one recorded commit takes it),
-// over 16 pending rows of the 4B shape: counts 0, 1, 7 and 16 equal the CUDA commit of only those rows bit
-// for bit and the CPU commit with the same count (conv exact, recurrent kRecurrentGdnTolerance); counts
-// outside the range are clamped (-3 -> 0, 20 -> 16), where the CPU would refuse them.
+// over a random record of 16 pending rows of the 4B shape: counts 0, 1, 7 and 16 equal the CUDA commit of
+// only those rows bit for bit and the CPU commit with the same count (conv exact, recurrent
+// kRecurrentGdnTolerance); counts outside the range are clamped (-3 -> 0, 20 -> 16), where the CPU would
+// refuse them. A state of 129-float rows (no 16-byte column quads) takes the commit a column a thread.
 TEST(CudaOps, GdnCommitRowsOnDevice) {
   std::mt19937 rng(19);
   auto& b = backends();
   constexpr int64_t kKernel = 4, kPending = 16;
   const GdnShape shape{16, 32, 128, 128};
   const GdnCase in(rng, shape, kPending);
+  const RecordPair record(rng, shape, kPending);
   const int64_t channels = in.qkv_cols();
   const TensorPair conv_input =
       b.activation(kPending, channels + 3, random_floats(rng, kPending * (channels + 3), -1.0f, 1.0f));
   const std::vector<float> history = random_floats(rng, channels * (kKernel - 1), -1.0f, 1.0f);
-  for (int count : {0, 1, 7, 16, -3, 20}) {
-    const int64_t accepted = std::clamp<int64_t>(count, 0, kPending);
-    const std::string label =
-        fmt::format("gdn_commit of {} pending rows, count {} on the device", kPending, count);
-    const TensorPair conv_state = b.activation(channels, kKernel - 1, history);
-    const TensorPair prefix_conv_state = b.activation(channels, kKernel - 1, history);
-    const TensorPair state = in.fresh_state(), prefix_state = in.fresh_state();
-    const TensorPair rows = b.indices({count});
-    auto layer_of = [&](const TensorPair& conv, const TensorPair& recurrent, int64_t n, bool gpu) {
-      auto side = [gpu](const TensorPair& t) { return gpu ? t.gpu() : t.cpu(); };
-      return GdnCommitLayer{side(conv),
-                            side(conv_input).cols_view(0, channels).rows_view(0, n),
-                            side(recurrent),
-                            side(in.qkv).rows_view(0, n),
-                            side(in.beta).rows_view(0, n),
-                            side(in.g).rows_view(0, n)};
-    };
-    const GdnCommitLayer counted = layer_of(conv_state, state, kPending, true);
-    b.gpu().gdn_commit({&counted, 1}, shape, rows.gpu());
-    const GdnCommitLayer prefix = layer_of(prefix_conv_state, prefix_state, accepted, true);
-    b.gpu().gdn_commit({&prefix, 1}, shape, Tensor{});
-    expect_close("gdn_commit", label + ": conv state vs the prefix's", b.read_gpu(conv_state.gpu()),
-                 b.read_gpu(prefix_conv_state.gpu()), kExact);
-    expect_close("gdn_commit", label + ": recurrent state vs the prefix's", b.read_gpu(state.gpu()),
-                 b.read_gpu(prefix_state.gpu()), kExact);
-    if (accepted > 0) {
-      EXPECT_NE(b.read_gpu(state.gpu()), b.read_gpu(in.fresh_state().gpu())) << label << ": nothing replayed";
-    }
-    const TensorPair cpu_rows = b.indices({static_cast<int32_t>(accepted)});
-    const GdnCommitLayer cpu_layer = layer_of(conv_state, state, kPending, false);
-    b.cpu().gdn_commit({&cpu_layer, 1}, shape, cpu_rows.cpu());
-    compare("gdn_commit", label + ": conv state vs CPU", conv_state, kExact);
-    compare("gdn_commit", label + ": recurrent state vs CPU", state, kRecurrentGdnTolerance);
-  }
-  // A state the recurrence kernel does not take (a row stride of 129 floats) is refused with a count on the
-  // device before anything runs, naming the layer; the general kernel took it only with a count on the host.
   const std::vector<float> wide =
       random_floats(rng, size_t(in.state_rows() * (shape.value_head_dim + 1)), -1, 1);
-  const TensorPair padded = b.activation(in.state_rows(), shape.value_head_dim + 1, wide);
-  const TensorPair conv_state = b.activation(channels, kKernel - 1, history), rows = b.indices({3});
-  const GdnCommitLayer layer{conv_state.gpu(),
-                             conv_input.gpu().cols_view(0, channels),
-                             padded.gpu().cols_view(0, shape.value_head_dim),
-                             in.qkv.gpu(),
-                             in.beta.gpu(),
-                             in.g.gpu()};
-  try {
-    b.gpu().gdn_commit({&layer, 1}, shape, rows.gpu());
-    FAIL() << "a state of stride 129 was committed with a count on the device";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gdn_commit: with rows on the device, layers[0].recurrent_state"),
-              std::string::npos)
-        << e.what();
+  for (const bool padded : {false, true}) {
+    for (int count : {0, 1, 7, 16, -3, 20}) {
+      const int64_t accepted = std::clamp<int64_t>(count, 0, kPending);
+      const std::string label = fmt::format("gdn_commit of {} pending rows, count {} on the device{}",
+                                            kPending, count, padded ? ", rows of 129 floats" : "");
+      const TensorPair conv_state = b.activation(channels, kKernel - 1, history);
+      const TensorPair prefix_conv_state = b.activation(channels, kKernel - 1, history);
+      auto fresh = [&] {
+        return padded ? b.activation(in.state_rows(), shape.value_head_dim + 1, wide) : in.fresh_state();
+      };
+      const TensorPair state = fresh(), prefix_state = fresh();
+      auto recurrent = [&](const TensorPair& t, bool gpu) {
+        const Tensor whole = gpu ? t.gpu() : t.cpu();
+        return padded ? whole.cols_view(0, shape.value_head_dim) : whole;
+      };
+      const TensorPair rows = b.indices({count});
+      auto layer_of = [&](const TensorPair& conv, const TensorPair& s, int64_t n, bool gpu) {
+        auto side = [gpu](const TensorPair& t) { return gpu ? t.gpu() : t.cpu(); };
+        return GdnCommitLayer{side(conv), side(conv_input).cols_view(0, channels).rows_view(0, n),
+                              recurrent(s, gpu), record.side(gpu, n)};
+      };
+      const GdnCommitLayer counted = layer_of(conv_state, state, kPending, true);
+      b.gpu().gdn_commit({&counted, 1}, shape, rows.gpu());
+      const GdnCommitLayer prefix = layer_of(prefix_conv_state, prefix_state, accepted, true);
+      b.gpu().gdn_commit({&prefix, 1}, shape, Tensor{});
+      expect_close("gdn_commit", label + ": conv state vs the prefix's", b.read_gpu(conv_state.gpu()),
+                   b.read_gpu(prefix_conv_state.gpu()), kExact);
+      expect_close("gdn_commit", label + ": recurrent state vs the prefix's", b.read_gpu(state.gpu()),
+                   b.read_gpu(prefix_state.gpu()), kExact);
+      if (accepted > 0) {
+        EXPECT_NE(b.read_gpu(state.gpu()), b.read_gpu(fresh().gpu())) << label << ": nothing replayed";
+      } else {
+        EXPECT_EQ(b.read_gpu(state.gpu()), b.read_gpu(fresh().gpu())) << label << ": a count of 0 replayed";
+      }
+      const TensorPair cpu_rows = b.indices({static_cast<int32_t>(accepted)});
+      const GdnCommitLayer cpu_layer = layer_of(conv_state, state, kPending, false);
+      b.cpu().gdn_commit({&cpu_layer, 1}, shape, cpu_rows.cpu());
+      compare("gdn_commit", label + ": conv state vs CPU", conv_state, kExact);
+      compare("gdn_commit", label + ": recurrent state vs CPU", state, kRecurrentGdnTolerance);
+    }
   }
-  expect_close("gdn_commit", "refused commit: the padded state is untouched", b.read_gpu(padded.gpu()), wide,
-               kExact);
 }
 
-// gdn_commit (the states of many layers in one launch, no outputs) against the CPU op, and against the CUDA
-// conv1d_silu + gated_delta_rule with update_state, which it must equal bit for bit (a commit replays what
-// plain decode would have computed). Strided conv inputs as in the model; 26 layers of a small shape take
-// two launches (24 per launch); the 4B shape; a padded shape; a layer of the general kernel. Conv state:
-// exact (a copy); recurrent state against the CPU: kRecurrentGdnTolerance.
+// gdn_commit (the states of many layers in one launch, no outputs) of each side's verify record against the
+// CPU op, and against the CUDA conv1d_silu + gated_delta_rule with update_state, which it must equal bit for
+// bit (a commit replays what plain decode would have computed). Strided conv inputs as in the model; 26
+// layers of a small shape take two launches (24 per launch); the 4B shape; a padded shape; a layer of the
+// general kernel. Conv state: exact (a copy); recurrent state against the CPU: kRecurrentGdnTolerance.
 TEST(CudaOps, GdnCommit) {
   std::mt19937 rng(18);
   auto& b = backends();
@@ -1922,11 +1965,18 @@ TEST(CudaOps, GdnCommit) {
         states.push_back(in.fresh_state());
       }
       const std::string label = fmt::format("gdn_commit {} layers of {}", c.layers, inputs.front().label());
+      std::vector<RecordPair> records;
+      for (int i = 0; i < c.layers; ++i) records.emplace_back(c.shape, tokens);
       on_both([&](const Side& s) {
         std::vector<GdnCommitLayer> layers;
-        for (int i = 0; i < c.layers; ++i)
-          layers.push_back({s(conv_states[i]), s(conv_inputs[i]).cols_view(0, inputs[i].qkv_cols()),
-                            s(states[i]), s(inputs[i].qkv), s(inputs[i].beta), s(inputs[i].g)});
+        for (int i = 0; i < c.layers; ++i) {
+          const GdnCase& in = inputs[i];
+          const TensorPair verify_out = b.poisoned(tokens, in.out_cols());
+          s.backend.gated_delta_rule(s(verify_out), s(in.qkv), s(in.beta), s(in.g), s(states[i]), c.shape,
+                                     GdnStateUpdate(records[i].side(s.gpu, tokens)));
+          layers.push_back({s(conv_states[i]), s(conv_inputs[i]).cols_view(0, in.qkv_cols()), s(states[i]),
+                            records[i].side(s.gpu, tokens)});
+        }
         s.backend.gdn_commit(layers, c.shape, Tensor{});
       });
       for (int i = 0; i < c.layers; ++i) {
@@ -2026,8 +2076,8 @@ constexpr double kGdnMixerTolerance = 1e-4;
 // conv1d_silu, gdn_gates_linear, gated_delta_rule and gated_rmsnorm: the 4B layer, a fixture-sized one, one
 // with dv 20 and three value heads per key head, and dk 16 with dv 36 (two slabs, the second of 4 columns).
 // Every output and both states; conv outputs and state to kElementwiseTolerance / exactly, the gates to
-// kLinearTolerance. Without update_state the states stay untouched, bit for bit, and the outputs are those of
-// the updating call.
+// kLinearTolerance. Without update_state the states stay untouched, bit for bit, the outputs are those of the
+// updating call, and the commit of its replay record gives the updating call's states bit for bit.
 TEST(CudaOps, GdnMixer) {
   std::mt19937 rng(19);
   auto& b = backends();
@@ -2057,10 +2107,11 @@ TEST(CudaOps, GdnMixer) {
       compare("gdn_mixer", in.label() + " recurrent state", state, kGdnMixerTolerance);
 
       const MixerOutputs kept(in);
+      const RecordPair record(c.shape, tokens);
       TensorPair kept_conv_state = in.fresh_conv_state(), kept_state = in.fresh_state();
       b.gpu().gdn_mixer(kept.out.gpu(), kept.conv_out.gpu(), kept.beta.gpu(), kept.g.gpu(), kept.core.gpu(),
                         in.qkvz.gpu(), in.x.gpu(), kept_conv_state.gpu(), kept_state.gpu(), in.weights(true),
-                        c.shape, 1e-6f, false);
+                        c.shape, 1e-6f, GdnStateUpdate(record.side(true, tokens)));
       const std::string without = in.label() + " update_state false: ";
       expect_close("gdn_mixer", without + "conv state unchanged", b.read_gpu(kept_conv_state.gpu()),
                    in.initial_conv_state, kExact);
@@ -2072,14 +2123,20 @@ TEST(CudaOps, GdnMixer) {
                    b.read_gpu(kept.conv_out.gpu()), b.read_gpu(o.conv_out.gpu()), kExact);
       expect_close("gdn_mixer", without + "g equals the updating call's", b.read_gpu(kept.g.gpu()),
                    b.read_gpu(o.g.gpu()), kExact);
+      const GdnCommitLayer layer{kept_conv_state.gpu(), in.qkvz.gpu().cols_view(0, in.channels()),
+                                 kept_state.gpu(), record.side(true, tokens)};
+      b.gpu().gdn_commit({&layer, 1}, c.shape, Tensor{});
+      expect_close("gdn_mixer", without + "its record's commit gives the updating call's conv state",
+                   b.read_gpu(kept_conv_state.gpu()), b.read_gpu(conv_state.gpu()), kExact);
+      expect_close("gdn_mixer", without + "its record's commit gives the updating call's recurrent state",
+                   b.read_gpu(kept_state.gpu()), b.read_gpu(state.gpu()), kExact);
     }
   }
 }
 
 // A verify step's rows get what decode steps would make, bit for bit: 16 tokens in one call vs 16 calls of
 // one (every output, both final states), and the verify form (no state update) followed by gdn_commit of 7
-// accepted rows rebuilds the states of 7 single-token calls exactly (the commit's replay is
-// gdn_recurrence.cuh's arithmetic, which the mixer runs).
+// accepted rows of its replay record rebuilds the states of 7 single-token calls exactly.
 TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
   std::mt19937 rng(20);
   auto& b = backends();
@@ -2094,7 +2151,7 @@ TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
     ASSERT_TRUE(cuda::gdn_mixer_fits(in.qkvz.gpu(), in.x.gpu(), in.fresh_state().gpu(), w, c.shape))
         << in.label() << ": the fused kernel does not take it";
     auto mixer = [&](const MixerOutputs& o, const TensorPair& conv_state, const TensorPair& state,
-                     int64_t first, int64_t count, bool update) {
+                     int64_t first, int64_t count, const GdnStateUpdate& update) {
       auto rows = [&](const TensorPair& t) { return t.gpu().rows_view(first, count); };
       b.gpu().gdn_mixer(rows(o.out), rows(o.conv_out), rows(o.beta), rows(o.g), rows(o.core), rows(in.qkvz),
                         rows(in.x), conv_state.gpu(), state.gpu(), w, c.shape, 1e-6f, update);
@@ -2127,11 +2184,11 @@ TEST(CudaOps, GdnMixerTokensIndependentOfCall) {
 
     const MixerOutputs verify(in);
     TensorPair conv_state = in.fresh_conv_state(), state = in.fresh_state();
-    mixer(verify, conv_state, state, 0, kTokens, false);
-    auto accepted = [&](const TensorPair& t) { return t.gpu().rows_view(0, kAccepted); };
-    const GdnCommitLayer layer{conv_state.gpu(),      accepted(in.qkvz).cols_view(0, in.channels()),
-                               state.gpu(),           accepted(verify.conv_out),
-                               accepted(verify.beta), accepted(verify.g)};
+    const RecordPair record(c.shape, kTokens);
+    mixer(verify, conv_state, state, 0, kTokens, GdnStateUpdate(record.side(true, kTokens)));
+    const GdnCommitLayer layer{conv_state.gpu(),
+                               in.qkvz.gpu().rows_view(0, kAccepted).cols_view(0, in.channels()), state.gpu(),
+                               record.side(true, kAccepted)};
     b.gpu().gdn_commit({&layer, 1}, c.shape, Tensor{});
     const std::string commit = in.label() + " verify + commit of 7 rows: ";
     expect_close("gdn_mixer", commit + "conv state equals 7 decode steps'", b.read_gpu(conv_state.gpu()),

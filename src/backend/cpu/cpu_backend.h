@@ -45,7 +45,7 @@ class CpuBackend final : public Backend {
   void gdn_gates(const Tensor& beta, const Tensor& g, const Tensor& b, const Tensor& a, const Tensor& a_log,
                  const Tensor& dt_bias) override;
   void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                        const Tensor& state, const GdnShape& shape, bool update_state) override;
+                        const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) override;
   void gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape, const Tensor& rows) override;
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                      float eps) override;

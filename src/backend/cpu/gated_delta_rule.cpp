@@ -72,8 +72,16 @@ void vector_matrix(const float* x, const float* m, int64_t rows, int64_t cols, f
     for (int64_t j = 0; j < cols; ++j) out[j] += x[i] * m[i * cols + j];
 }
 
-// An empty `out`: the state update alone.
-void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor& out, int head) {
+// S += k delta^T: a token's update, the same in the recurrence and in the replay of its record.
+void add_key_delta(std::vector<float>& s, const float* k, const float* delta, int64_t dk, int64_t dv) {
+  for (int64_t i = 0; i < dk; ++i)
+    for (int64_t j = 0; j < dv; ++j) s[i * dv + j] += k[i] * delta[j];
+}
+
+// An empty `out`: the state update alone. A replay record gets the head's decays and deltas, and its keys
+// from the key head's first value head.
+void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor& out, int head,
+                    const GdnReplayRows& replay, int heads_per_key) {
   const int64_t dk = in.dk, dv = in.dv;
   std::vector<float> prediction(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
   for (int64_t t = 0; t < in.tokens; ++t) {
@@ -84,9 +92,14 @@ void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor&
     for (float& x : s) x *= decay;
     vector_matrix(k, s.data(), dk, dv, prediction.data());
     for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - prediction[j]) * in.beta[t];
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) s[i * dv + j] += k[i] * delta[j];
+    add_key_delta(s, k, delta.data(), dk, dv);
     if (!out.empty()) vector_matrix(q, s.data(), dk, dv, out.row<float>(t) + head * dv);
+    if (!replay.empty()) {
+      replay.decays.row<float>(t)[head] = decay;
+      std::copy_n(delta.data(), dv, replay.deltas.row<float>(t) + head * dv);
+      if (head % heads_per_key == 0)
+        std::copy_n(k, dk, replay.keys.row<float>(t) + head / heads_per_key * dk);
+    }
   }
 }
 
@@ -165,60 +178,78 @@ void chunked_head(const HeadSequence& in, std::vector<float>& s, const Tensor& o
 
 // Runs head_rule(inputs, state, out, head) for every value head, heads spread over threads; the state
 // is written back when update_state. Arguments checked by the caller.
+// Runs head_rule(head, state) for every value head, heads spread over threads; the state is written back
+// when `advance`.
 template <typename HeadRule>
-void for_each_head(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                   const Tensor& state, const GdnShape& shape, bool update_state, HeadRule head_rule) {
+void for_each_head(const Tensor& state, const GdnShape& shape, bool advance, HeadRule head_rule) {
   ThreadPool::global().parallel_for(
       static_cast<size_t>(shape.num_value_heads), [&](size_t begin, size_t end) {
         for (auto head = static_cast<int>(begin); head < static_cast<int>(end); ++head) {
-          const HeadSequence inputs(qkv, beta, g, shape, head);
           std::vector<float> s = load_state(state, head, shape.key_head_dim, shape.value_head_dim);
-          head_rule(inputs, s, out, head);
-          if (update_state) store_state(state, head, shape.key_head_dim, shape.value_head_dim, s);
+          head_rule(head, s);
+          if (advance) store_state(state, head, shape.key_head_dim, shape.value_head_dim, s);
         }
       });
 }
 
+// The per-token recurrence over every head (arguments checked by the caller).
+void run_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                   const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) {
+  const int heads_per_key = shape.num_value_heads / shape.num_key_heads;
+  for_each_head(state, shape, update.advance, [&](int head, std::vector<float>& s) {
+    recurrent_head(HeadSequence(qkv, beta, g, shape, head), s, out, head, update.replay, heads_per_key);
+  });
+}
+
+// HF's chunked algorithm over every head (arguments checked by the caller).
+void run_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
+                 const Tensor& state, const GdnShape& shape, bool advance, int64_t chunk_size) {
+  for_each_head(state, shape, advance, [&](int head, std::vector<float>& s) {
+    chunked_head(HeadSequence(qkv, beta, g, shape, head), s, out, head, chunk_size);
+  });
+}
+
 void check_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                const Tensor& state, const GdnShape& shape) {
+                const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) {
   check_gdn_shape(shape);
-  check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
+  check_gated_delta_rule_args(out, qkv, beta, g, state, shape, update);
 }
 
 }  // namespace
 
 void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape) {
-  check_args(out, qkv, beta, g, state, shape);
-  for_each_head(out, qkv, beta, g, state, shape, true, recurrent_head);
+  check_args(out, qkv, beta, g, state, shape, true);
+  run_recurrent(out, qkv, beta, g, state, shape, true);
 }
 
-void advance_gated_delta_rule_state(const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                    const Tensor& state, const GdnShape& shape) {
-  for_each_head(Tensor{}, qkv, beta, g, state, shape, true, recurrent_head);
+void replay_gated_delta_rule(const GdnReplayRows& replay, const Tensor& state, const GdnShape& shape) {
+  const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
+  const int heads_per_key = shape.num_value_heads / shape.num_key_heads;
+  for_each_head(state, shape, true, [&](int head, std::vector<float>& s) {
+    for (int64_t t = 0; t < replay.keys.rows; ++t) {
+      const float decay = replay.decays.row<float>(t)[head];
+      for (float& x : s) x *= decay;
+      add_key_delta(s, replay.keys.row<float>(t) + head / heads_per_key * dk,
+                    replay.deltas.row<float>(t) + head * dv, dk, dv);
+    }
+  });
 }
 
 void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                               const Tensor& state, const GdnShape& shape, int chunk_size) {
   if (chunk_size <= 0) fail("gated_delta_rule: chunk size must be positive, got {}", chunk_size);
-  check_args(out, qkv, beta, g, state, shape);
-  for_each_head(out, qkv, beta, g, state, shape, true,
-                [chunk_size](const HeadSequence& in, std::vector<float>& s, const Tensor& o, int head) {
-                  chunked_head(in, s, o, head, chunk_size);
-                });
+  check_args(out, qkv, beta, g, state, shape, true);
+  run_chunked(out, qkv, beta, g, state, shape, true, chunk_size);
 }
 
 void CpuBackend::gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                  const Tensor& state, const GdnShape& shape, bool update_state) {
-  check_args(out, qkv, beta, g, state, shape);
-  if (qkv.rows <= kGdnRecurrentMaxTokens) {
-    for_each_head(out, qkv, beta, g, state, shape, update_state, recurrent_head);
-  } else {
-    for_each_head(out, qkv, beta, g, state, shape, update_state,
-                  [](const HeadSequence& in, std::vector<float>& s, const Tensor& o, int head) {
-                    chunked_head(in, s, o, head, kGdnChunkSize);
-                  });
-  }
+                                  const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) {
+  check_args(out, qkv, beta, g, state, shape, update);
+  if (qkv.rows <= kGdnRecurrentMaxTokens)
+    run_recurrent(out, qkv, beta, g, state, shape, update);
+  else
+    run_chunked(out, qkv, beta, g, state, shape, update.advance, kGdnChunkSize);
 }
 
 }  // namespace qspec::cpu

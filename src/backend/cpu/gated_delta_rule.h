@@ -15,15 +15,14 @@
 namespace qspec::cpu {
 
 inline constexpr int kGdnChunkSize = 64;
-inline constexpr int64_t kGdnRecurrentMaxTokens = 16;  // a DFlash block
+inline constexpr int64_t kGdnRecurrentMaxTokens = kGdnReplayMaxRows;  // a DFlash block
 
 void gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                 const Tensor& state, const GdnShape& shape);
 
-// The recurrence's state update alone (no outputs), for any T: gdn_commit's recurrent part. Arguments
-// checked by the caller.
-void advance_gated_delta_rule_state(const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                                    const Tensor& state, const GdnShape& shape);
+// gdn_commit's recurrent part: the state advanced past every row of the record (S = decay S; S += k delta^T,
+// the recurrence's own update). Arguments checked by the caller.
+void replay_gated_delta_rule(const GdnReplayRows& replay, const Tensor& state, const GdnShape& shape);
 
 void gated_delta_rule_chunked(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                               const Tensor& state, const GdnShape& shape, int chunk_size = kGdnChunkSize);

@@ -1,5 +1,5 @@
 // gdn_commit: the accepted rows of a verify step advance each GDN layer's conv state (the rolling window of
-// conv1d_silu) and recurrent state (gated_delta_rule's per-token recurrence), without outputs.
+// conv1d_silu) and recurrent state (the replay of the verify step's record), without outputs.
 #include <algorithm>
 #include <vector>
 
@@ -31,14 +31,16 @@ void advance_conv_state(const Tensor& state, const Tensor& x) {
 void CpuBackend::gdn_commit(std::span<const GdnCommitLayer> layers, const GdnShape& shape,
                             const Tensor& rows) {
   check_gdn_commit_args(layers, shape, rows);
-  const int64_t tokens = layers.empty() ? 0 : layers.front().qkv.rows;
+  const int64_t tokens = layers.empty() ? 0 : layers.front().conv_input.rows;
   const int64_t accepted = rows.empty() ? tokens : rows.ptr<const int32_t>()[0];
   if (accepted < 0 || accepted > tokens)
     fail("gdn_commit: rows[0] is {}, expected 0 to {} (the layers' rows)", accepted, tokens);
   for (const GdnCommitLayer& layer : layers) {
     advance_conv_state(layer.conv_state, layer.conv_input.rows_view(0, accepted));
-    advance_gated_delta_rule_state(layer.qkv.rows_view(0, accepted), layer.beta.rows_view(0, accepted),
-                                   layer.g.rows_view(0, accepted), layer.recurrent_state, shape);
+    const GdnReplayRows& r = layer.replay;
+    replay_gated_delta_rule(
+        {r.keys.rows_view(0, accepted), r.decays.rows_view(0, accepted), r.deltas.rows_view(0, accepted)},
+        layer.recurrent_state, shape);
   }
 }
 

@@ -449,38 +449,38 @@ class CudaBackend final : public Backend {
   }
 
   void gated_delta_rule(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
-                        const Tensor& state, const GdnShape& shape, bool update_state) override {
+                        const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update) override {
     const auto& [nk, nv, dk, dv] = shape;
     check_gdn_shape(shape);
-    check_gated_delta_rule_args(out, qkv, beta, g, state, shape);
+    check_gated_delta_rule_args(out, qkv, beta, g, state, shape, update);
     if (qkv.rows >= kGdnChunkedMinTokens && gated_delta_rule_chunked_fits(dk, dv, max_shared_bytes_)) {
       const size_t bytes = gated_delta_rule_chunked_workspace_bytes(qkv.rows, nv, dk, dv);
       // Grows rarely (the first prefill of a longer prompt); cudaFree of the old one waits for its users.
       grow(gdn_workspace_, bytes);
-      check_cuda(launch_gated_delta_rule_chunked(out, qkv, beta, g, state, nk, nv, dk, dv, update_state,
+      check_cuda(launch_gated_delta_rule_chunked(out, qkv, beta, g, state, nk, nv, dk, dv, update.advance,
                                                  gdn_workspace_.data(), stream()),
                  "gated_delta_rule (chunked)");
       return;
     }
     if (dk > kGdnRecurrentMaxKeyDim)
       fail("gated_delta_rule: key_head_dim {} is above the CUDA backend's {}", dk, kGdnRecurrentMaxKeyDim);
-    check_cuda(
-        launch_gated_delta_rule_recurrent(out, qkv, beta, g, state, nk, nv, dk, dv, update_state, stream()),
-        "gated_delta_rule");
+    check_cuda(launch_gated_delta_rule_recurrent(out, qkv, beta, g, state, nk, nv, dk, dv, update, stream()),
+               "gated_delta_rule");
   }
 
   void gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                  const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                  const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape, float eps,
-                 bool update_state) override {
+                 const GdnStateUpdate& update) override {
     if (!gdn_mixer_fits(qkvz, x, recurrent_state, w, shape)) {
       Backend::gdn_mixer(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, eps,
-                         update_state);  // checks the arguments itself
+                         update);  // checks the arguments itself
       return;
     }
-    check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape);
+    check_gdn_mixer_args(out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape,
+                         update);
     check_cuda(launch_gdn_mixer({out, conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state}, w,
-                                shape, eps, update_state, stream()),
+                                shape, eps, update, stream()),
                "gdn_mixer");
   }
 
@@ -491,17 +491,17 @@ class CudaBackend final : public Backend {
                         const Tensor& beta, const Tensor& g, const Tensor& core, const Tensor& qkvz,
                         const Tensor& x, const Tensor& conv_state, const Tensor& recurrent_state,
                         const GdnMixerWeights& w, const GdnShape& shape, float eps,
-                        bool update_state) override {
+                        const GdnStateUpdate& update) override {
     if (!gemm_takes(gated, projection.w)) {
       // the fused mixer kernel or the mixer's ops, then linear; checks the arguments itself
       Backend::gdn_mixer_linear(projection, gated, conv_out, beta, g, core, qkvz, x, conv_state,
-                                recurrent_state, w, shape, eps, update_state);
+                                recurrent_state, w, shape, eps, update);
       return;
     }
     check_gdn_mixer_linear_args(projection, gated, conv_out, beta, g, core, qkvz, x, conv_state,
-                                recurrent_state, w, shape);
+                                recurrent_state, w, shape, update);
     require_rows_limit("gdn_mixer_linear", gated.rows);
-    gdn_mixer_to_core(conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update_state);
+    gdn_mixer_to_core(conv_out, beta, g, core, qkvz, x, conv_state, recurrent_state, w, shape, update);
     // After the gates' projections, whose BF16 copy of x may have grown (moved) the operand's scratch.
     GemmLinear& gemm = gemm_linear();
     void* operand = gemm.operand(gated.rows, gated.cols, stream());
@@ -518,18 +518,6 @@ class CudaBackend final : public Backend {
       if (layers[i].conv_state.cols > kMaxConvKernel - 1)
         fail("gdn_commit: layers[{}].conv_state has {} columns, expected at most {} (kernel sizes up to {})",
              i, layers[i].conv_state.cols, kMaxConvKernel - 1, kMaxConvKernel);
-    if (shape.key_head_dim > kGdnRecurrentMaxKeyDim)
-      fail("gdn_commit: key_head_dim {} is above the CUDA backend's {}", shape.key_head_dim,
-           kGdnRecurrentMaxKeyDim);
-    // Checked before any launch: a refusal after the first 24 layers' launch would leave a partial commit.
-    if (!rows.empty())
-      for (size_t i = 0; i < layers.size(); ++i)
-        if (!gdn_commit_takes_row_count(layers[i].recurrent_state, shape.key_head_dim, shape.value_head_dim))
-          fail(
-              "gdn_commit: with rows on the device, layers[{}].recurrent_state must be 16-byte aligned "
-              "with a stride and value_head_dim ({}) that are multiples of 4, and key_head_dim ({}) at most "
-              "128",
-              i, shape.value_head_dim, shape.key_head_dim);
     check_cuda(launch_gdn_commit(layers.data(), layers.size(), rows.ptr<const int32_t>(), shape.num_key_heads,
                                  shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, stream()),
                "gdn_commit");

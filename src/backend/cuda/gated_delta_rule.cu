@@ -21,6 +21,7 @@
 #include "backend/cuda/gdn_recurrence.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/ops.h"
 
 namespace qspec::cuda {
 
@@ -32,14 +33,15 @@ constexpr int kThreads = kColumns * kRowGroups;  // 128
 constexpr int kWarps = kThreads / kWarpSize;     // 4, each holding row groups 2w and 2w + 1
 constexpr float kL2NormEps = 1e-6f;
 
-// dk <= kRowsPerThread * kRowGroups; out == nullptr: the state only.
+// dk <= kRowsPerThread * kRowGroups. The replay record, when kept: keys by the first column block of each key
+// head's first value head, decays by each head's first column block, deltas by row group 0.
 template <int kRowsPerThread>
 __global__ void __launch_bounds__(kThreads)
     gated_delta_rule_recurrent_kernel(float* out, int64_t out_stride, const float* qkv, int64_t qkv_stride,
                                       const float* beta, int64_t beta_stride, const float* g,
                                       int64_t g_stride, float* state, int64_t state_stride, int64_t tokens,
                                       int num_key_heads, int num_value_heads, int dk, int dv,
-                                      float query_scale, bool update_state) {
+                                      float query_scale, bool update_state, gdn::ReplayRecord replay) {
   wait_for_previous_kernel();
   allow_next_kernel();
   constexpr int kMaxKeyDim = kRowsPerThread * kRowGroups;
@@ -63,6 +65,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int key_head = head / (num_value_heads / num_key_heads);
+  const bool first_block = blockIdx.y == 0,
+             records_keys = first_block && head % (num_value_heads / num_key_heads) == 0;
   const int64_t q_offset = static_cast<int64_t>(key_head) * dk;
   const int64_t k_offset = static_cast<int64_t>(num_key_heads) * dk + q_offset;
   const int64_t v_offset = 2 * static_cast<int64_t>(num_key_heads) * dk + static_cast<int64_t>(head) * dv;
@@ -117,6 +121,12 @@ __global__ void __launch_bounds__(kThreads)
     const float decay = expf(token_g), token_value = value, token_beta_now = token_beta;
     if (t + 1 < tokens) load_token(t + 1);
     __syncthreads();
+    if (replay.keys != nullptr) {
+      if (records_keys)
+        for (int i = tid; i < dk; i += kThreads)
+          replay.keys[t * replay.keys_stride + int64_t{key_head} * dk + i] = key[i];
+      if (first_block && tid == 0) replay.decays[t * replay.decays_stride + head] = decay;
+    }
 
     float prediction = 0.0f;
 #pragma unroll
@@ -131,6 +141,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) prediction += prediction_partials[w][slab_column];
     const float delta = (token_value - prediction) * token_beta_now;
+    if (replay.keys != nullptr && row_group == 0 && valid_column)
+      replay.deltas[t * replay.deltas_stride + static_cast<int64_t>(head) * dv + column] = delta;
 
     float output = 0.0f;
 #pragma unroll
@@ -142,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
     output += __shfl_xor_sync(0xffffffffu, output, kColumns);
     if (lane < kColumns) output_partials[warp][slab_column] = output;
     __syncthreads();
-    if (out != nullptr && tid < kColumns && valid_column) {
+    if (tid < kColumns && valid_column) {
       output = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) output += output_partials[w][tid];
@@ -158,13 +170,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kRows, bool kOutputs>
+template <int kRows>
 __global__ void __launch_bounds__(gdn::kThreads)
     gated_delta_rule_warp_kernel(gdn::RecurrenceArgs args, gdn::Dims dims, bool update_state) {
   wait_for_previous_kernel();
   allow_next_kernel();
-  gdn::recurrence_slab<kRows, kOutputs>(args, dims, static_cast<int>(blockIdx.x),
-                                        static_cast<int>(blockIdx.y), update_state);
+  gdn::recurrence_slab<kRows>(args, dims, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                              update_state);
 }
 
 }  // namespace
@@ -172,8 +184,9 @@ __global__ void __launch_bounds__(gdn::kThreads)
 cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta,
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
-                                              bool update_state, cudaStream_t stream) {
+                                              const GdnStateUpdate& update, cudaStream_t stream) {
   if (qkv.rows == 0) return cudaSuccess;
+  const gdn::ReplayRecord replay = gdn::replay_record(update.replay);
   const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_head_dim)));
   if (gdn::recurrence_fits(state.ptr<const float>(), state.stride, key_head_dim, value_head_dim)) {
     const gdn::RecurrenceArgs args{out.ptr<float>(),
@@ -186,15 +199,15 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                                    g.stride,
                                    state.ptr<float>(),
                                    state.stride,
-                                   qkv.rows};
+                                   qkv.rows,
+                                   replay};
     const gdn::Dims dims{num_key_heads, num_value_heads, key_head_dim, value_head_dim, query_scale};
     const dim3 grid(static_cast<unsigned int>(num_value_heads),
                     static_cast<unsigned int>(gdn::slabs(value_head_dim)));
     return gdn::with_rows_per_lane(key_head_dim, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return launch_kernel(out.empty() ? gated_delta_rule_warp_kernel<kRows, false>
-                                       : gated_delta_rule_warp_kernel<kRows, true>,
-                           grid, gdn::kThreads, 0, stream, args, dims, update_state);
+      return launch_kernel(gated_delta_rule_warp_kernel<kRows>, grid, gdn::kThreads, 0, stream, args, dims,
+                           update.advance);
     });
   }
   const dim3 grid(static_cast<unsigned int>(num_value_heads),
@@ -204,7 +217,7 @@ cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& q
                          qkv.ptr<const float>(), qkv.stride, beta.ptr<const float>(), beta.stride,
                          g.ptr<const float>(), g.stride, state.ptr<float>(), state.stride, qkv.rows,
                          num_key_heads, num_value_heads, key_head_dim, value_head_dim, query_scale,
-                         update_state);
+                         update.advance, replay);
   };
   if (key_head_dim <= 4 * kRowGroups) return launch(gated_delta_rule_recurrent_kernel<4>);
   if (key_head_dim <= 8 * kRowGroups) return launch(gated_delta_rule_recurrent_kernel<8>);

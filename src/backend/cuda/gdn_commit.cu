@@ -1,14 +1,16 @@
-// gdn_commit: a verify step's accepted rows advance every GDN layer's states in one launch (the commit used
-// to take a conv1d_silu and a gated_delta_rule launch per layer, 48 for Qwen3.5-4B). Grid = (blocks of one
-// layer, layers): a layer's first nv * slabs blocks run gdn_recurrence.cuh without outputs (the same
-// per-token arithmetic as gated_delta_rule, so the state is that op's bit for bit), the rest shift its conv
-// state, a thread per channel. Prediction (H200, Qwen3.5-4B, 24 layers, 16 rows): 48 MiB of state read +
-// written ~23 us at 4.16 TB/s, ~15 us of FP32 work and ~6 us of shuffles spread over 4 blocks per SM (3,072
-// recurrence blocks): ~25-35 us in all, against 0.62 ms for the 48 launches. With a count of rows on the
-// device, every block reads it first (clamped to the layers' rows): a recorded commit takes any count.
-#include <cmath>
+// gdn_commit: a verify step's accepted rows advance every GDN layer's states in one launch. The verify
+// step's recurrence kept a record of its rows (GdnReplayRows: the normalised keys, the decays exp(g) and
+// delta = beta (v - S^T k) per value column), so the recurrent state's replay is elementwise,
+//   S = decay S ;  S += k delta^T   per accepted row,
+// the same two roundings per element and row as the recurrence's (gdn_recurrence.cuh: s *= decay, then
+// fmaf(k, delta, s)), without the prediction's sums over dk and their shuffles. Grid = (blocks of one layer,
+// layers): a layer's first blocks replay its recurrent state, a thread per 8 rows x 4 columns of a head (a
+// warp: 8 rows x 128 columns, 16-byte loads of whole rows), the rest shift its conv state, a thread per
+// channel. The state is read once and written once: ~100 MB for Qwen3.5-4B (24 layers), ~25 us at 4.16 TB/s.
+// With a count of rows on the device, every block reads it first (clamped to the layers' rows): a recorded
+// commit takes any count.
+#include <cstdint>
 
-#include "backend/cuda/gdn_recurrence.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/ops.h"
@@ -17,12 +19,16 @@ namespace qspec::cuda {
 
 namespace {
 
+constexpr int kThreads = 128;
 constexpr int kMaxLayersPerLaunch = 24;  // keeps the kernel's parameters under 4 KiB
 constexpr int kMaxConvHistory = kMaxConvKernel - 1;
+constexpr int kRowsPerThread = 8;
 
 struct CommitLayerArgs {
-  gdn::RecurrenceArgs recurrence;
-  bool recurrence_here;  // else gated_delta_rule's general kernel advances this layer's recurrent state
+  float* state;  // [nv * dk, dv]
+  int64_t state_stride;
+  const float *keys, *decays, *deltas;  // the record's rows
+  int64_t keys_stride, decays_stride, deltas_stride;
   float* conv_state;
   int64_t conv_state_stride;
   const float* conv_input;
@@ -35,26 +41,88 @@ struct CommitBatch {
   CommitLayerArgs layers[kMaxLayersPerLaunch];
 };
 
-template <int kRows>
-__global__ void __launch_bounds__(gdn::kThreads)
-    gdn_commit_kernel(CommitBatch batch, gdn::Dims dims, int recurrence_blocks, int slabs,
-                      const int32_t* accepted_rows) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
-  CommitLayerArgs layer = batch.layers[blockIdx.y];  // the fields used, read from the parameters
-  if (accepted_rows != nullptr)
-    layer.recurrence.tokens = min(max(int64_t{*accepted_rows}, int64_t{0}), layer.recurrence.tokens);
-  const int block = static_cast<int>(blockIdx.x);
-  if (block < recurrence_blocks) {
-    if (layer.recurrence_here)
-      gdn::recurrence_slab<kRows, false>(layer.recurrence, dims, block / slabs, block % slabs, true);
-    return;
+// Where a thread's part of a layer's recurrent state lies: kColumns adjacent columns x kRowsPerThread rows of
+// one head, column groups varying fastest (a warp's loads are whole rows).
+struct CommitDims {
+  int num_key_heads, num_value_heads, dk, dv;
+  int column_groups, row_groups;  // per head: dv / kColumns, dk / kRowsPerThread (rounded up)
+};
+
+template <int kColumns>
+struct Columns {
+  float v[kColumns];
+};
+
+template <int kColumns>
+__device__ inline Columns<kColumns> load_columns(const float* p, int valid) {
+  Columns<kColumns> c{};
+  if constexpr (kColumns == 4) {
+    if (valid == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(p);
+      c.v[0] = v.x, c.v[1] = v.y, c.v[2] = v.z, c.v[3] = v.w;
+      return c;
+    }
   }
-  const int64_t channel = static_cast<int64_t>(block - recurrence_blocks) * gdn::kThreads + threadIdx.x;
-  if (channel >= layer.channels) return;
-  // The new state = entries tokens .. tokens + history - 1 of (old state, inputs); all read before any write.
+#pragma unroll
+  for (int j = 0; j < kColumns; ++j)
+    if (j < valid) c.v[j] = p[j];
+  return c;
+}
+
+template <int kColumns>
+__device__ inline void store_columns(float* p, const Columns<kColumns>& c, int valid) {
+  if constexpr (kColumns == 4) {
+    if (valid == 4) {
+      *reinterpret_cast<float4*>(p) = make_float4(c.v[0], c.v[1], c.v[2], c.v[3]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kColumns; ++j)
+    if (j < valid) p[j] = c.v[j];
+}
+
+// The thread's rows x columns of a head's state advanced past `tokens` rows of the record.
+template <int kColumns>
+__device__ void replay_state(const CommitLayerArgs& layer, const CommitDims& d, int64_t item,
+                             int64_t tokens) {
+  const int column_group = static_cast<int>(item % d.column_groups);
+  const int64_t rest = item / d.column_groups;
+  const int row_group = static_cast<int>(rest % d.row_groups);
+  const int head = static_cast<int>(rest / d.row_groups);
+  const int column = column_group * kColumns, first_row = row_group * kRowsPerThread;
+  const int valid_columns = min(kColumns, d.dv - column);
+  const int key_head = head / (d.num_value_heads / d.num_key_heads);
+  float* state = layer.state + (static_cast<int64_t>(head) * d.dk + first_row) * layer.state_stride + column;
+
+  Columns<kColumns> s[kRowsPerThread] = {};
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r)
+    if (first_row + r < d.dk) s[r] = load_columns<kColumns>(state + r * layer.state_stride, valid_columns);
+  const float* keys = layer.keys + static_cast<int64_t>(key_head) * d.dk + first_row;
+  const float* deltas = layer.deltas + static_cast<int64_t>(head) * d.dv + column;
+#pragma unroll 4
+  for (int64_t t = 0; t < tokens; ++t) {  // unrolled: several rows' loads in flight
+    const float decay = layer.decays[t * layer.decays_stride + head];
+    const Columns<kColumns> delta = load_columns<kColumns>(deltas + t * layer.deltas_stride, valid_columns);
+    float k[kRowsPerThread];
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+      k[r] = first_row + r < d.dk ? keys[t * layer.keys_stride + r] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+      for (int j = 0; j < kColumns; ++j) s[r].v[j] = fmaf(k[r], delta.v[j], s[r].v[j] * decay);
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r)
+    if (first_row + r < d.dk) store_columns<kColumns>(state + r * layer.state_stride, s[r], valid_columns);
+}
+
+// The new conv state of one channel = entries tokens .. tokens + history - 1 of (old state, inputs); all read
+// before any write.
+__device__ void shift_conv_state(const CommitLayerArgs& layer, int64_t channel, int64_t tokens) {
   float* state = layer.conv_state + channel * layer.conv_state_stride;
-  const int64_t tokens = layer.recurrence.tokens;
   float next[kMaxConvHistory];
 #pragma unroll
   for (int j = 0; j < kMaxConvHistory; ++j) {
@@ -69,61 +137,85 @@ __global__ void __launch_bounds__(gdn::kThreads)
     if (j < layer.history) state[j] = next[j];
 }
 
-}  // namespace
-
-bool gdn_commit_takes_row_count(const Tensor& recurrent_state, int key_head_dim, int value_head_dim) {
-  return gdn::recurrence_fits(recurrent_state.ptr<const float>(), recurrent_state.stride, key_head_dim,
-                              value_head_dim);
+template <int kColumns>
+__global__ void __launch_bounds__(kThreads)
+    gdn_commit_kernel(CommitBatch batch, CommitDims dims, int recurrence_blocks, int64_t rows,
+                      const int32_t* accepted_rows) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const CommitLayerArgs& layer = batch.layers[blockIdx.y];
+  const int64_t tokens =
+      accepted_rows != nullptr ? min(max(int64_t{*accepted_rows}, int64_t{0}), rows) : rows;
+  if (tokens == 0) return;
+  const int block = static_cast<int>(blockIdx.x);
+  if (block < recurrence_blocks) {
+    const int64_t item = static_cast<int64_t>(block) * kThreads + threadIdx.x;
+    if (item < int64_t{dims.num_value_heads} * dims.row_groups * dims.column_groups)
+      replay_state<kColumns>(layer, dims, item, tokens);
+    return;
+  }
+  const int64_t channel = static_cast<int64_t>(block - recurrence_blocks) * kThreads + threadIdx.x;
+  if (channel < layer.channels) shift_conv_state(layer, channel, tokens);
 }
+
+// Whole 16-byte column quads of every layer's state and deltas: 16-byte aligned rows, dv a multiple of 4.
+bool quads_fit(const GdnCommitLayer* layers, size_t count, int value_head_dim) {
+  const auto aligned = [](const Tensor& t) {
+    return t.stride % 4 == 0 && reinterpret_cast<uintptr_t>(t.ptr<const float>()) % 16 == 0;
+  };
+  if (value_head_dim % 4 != 0) return false;
+  for (size_t i = 0; i < count; ++i)
+    if (!aligned(layers[i].recurrent_state) || !aligned(layers[i].replay.deltas)) return false;
+  return true;
+}
+
+}  // namespace
 
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
                               int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream) {
-  if (count == 0 || layers[0].qkv.rows == 0) return cudaSuccess;
-  const gdn::Dims dims{num_key_heads, num_value_heads, key_head_dim, value_head_dim,
-                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_head_dim)))};
-  const int slabs = gdn::slabs(value_head_dim);
+  if (count == 0 || layers[0].conv_input.rows == 0) return cudaSuccess;
+  const int columns = quads_fit(layers, count, value_head_dim) ? 4 : 1;
+  const CommitDims dims{num_key_heads,
+                        num_value_heads,
+                        key_head_dim,
+                        value_head_dim,
+                        (value_head_dim + columns - 1) / columns,
+                        (key_head_dim + kRowsPerThread - 1) / kRowsPerThread};
+  const int64_t items = int64_t{num_value_heads} * dims.row_groups * dims.column_groups;
+  const auto recurrence_blocks = static_cast<int>((items + kThreads - 1) / kThreads);
   for (size_t first = 0; first < count; first += kMaxLayersPerLaunch) {
     const size_t batch_layers = count - first < kMaxLayersPerLaunch ? count - first : kMaxLayersPerLaunch;
     CommitBatch batch{};
-    bool any_recurrence = false;
     int64_t max_channels = 0;
     for (size_t i = 0; i < batch_layers; ++i) {
       const GdnCommitLayer& layer = layers[first + i];
-      const Tensor& state = layer.recurrent_state;
-      const bool fits =
-          gdn::recurrence_fits(state.ptr<const float>(), state.stride, key_head_dim, value_head_dim);
-      any_recurrence = any_recurrence || fits;
+      const GdnReplayRows& r = layer.replay;
       max_channels = layer.conv_state.rows > max_channels ? layer.conv_state.rows : max_channels;
-      batch.layers[i] = {{nullptr, 0, layer.qkv.ptr<const float>(), layer.qkv.stride,
-                          layer.beta.ptr<const float>(), layer.beta.stride, layer.g.ptr<const float>(),
-                          layer.g.stride, state.ptr<float>(), state.stride, layer.qkv.rows},
-                         fits,
+      batch.layers[i] = {layer.recurrent_state.ptr<float>(),
+                         layer.recurrent_state.stride,
+                         r.keys.ptr<const float>(),
+                         r.decays.ptr<const float>(),
+                         r.deltas.ptr<const float>(),
+                         r.keys.stride,
+                         r.decays.stride,
+                         r.deltas.stride,
                          layer.conv_state.ptr<float>(),
                          layer.conv_state.stride,
                          layer.conv_input.ptr<const float>(),
                          layer.conv_input.stride,
                          layer.conv_state.rows,
                          static_cast<int>(layer.conv_state.cols)};
-      if (!fits) {
-        if (accepted_rows != nullptr) return cudaErrorNotSupported;  // that kernel takes host counts only
-        const cudaError_t status =
-            launch_gated_delta_rule_recurrent(Tensor{}, layer.qkv, layer.beta, layer.g, state, num_key_heads,
-                                              num_value_heads, key_head_dim, value_head_dim, true, stream);
-        if (status != cudaSuccess) return status;
-      }
     }
-    const int recurrence_blocks = any_recurrence ? num_value_heads * slabs : 0;
-    const auto conv_blocks = static_cast<int>((max_channels + gdn::kThreads - 1) / gdn::kThreads);
+    const auto conv_blocks = static_cast<int>((max_channels + kThreads - 1) / kThreads);
     const dim3 grid(static_cast<unsigned int>(recurrence_blocks + conv_blocks),
                     static_cast<unsigned int>(batch_layers));
-    if (grid.x == 0) continue;
-    const auto launch = [&](auto rows) {
-      return launch_kernel(gdn_commit_kernel<decltype(rows)::value>, grid, gdn::kThreads, 0, stream, batch,
-                           dims, recurrence_blocks, slabs, accepted_rows);
-    };
-    const cudaError_t status = any_recurrence ? gdn::with_rows_per_lane(key_head_dim, launch)
-                                              : launch(std::integral_constant<int, 1>{});
+    const int64_t rows = layers[0].conv_input.rows;
+    const cudaError_t status = columns == 4
+                                   ? launch_kernel(gdn_commit_kernel<4>, grid, kThreads, 0, stream, batch,
+                                                   dims, recurrence_blocks, rows, accepted_rows)
+                                   : launch_kernel(gdn_commit_kernel<1>, grid, kThreads, 0, stream, batch,
+                                                   dims, recurrence_blocks, rows, accepted_rows);
     if (status != cudaSuccess) return status;
   }
   return cudaSuccess;

@@ -11,12 +11,12 @@
 //   4. each slab stores its raw outputs and its sum of squares per token.
 // Then gdn_mixer_finish_kernel: the gated RMSNorm of each (token, value head) from the slabs' sums in slab
 // order, and with update_state the new conv states (all slabs of the value heads of one key head read its q /
-// k conv state: no block of the mixer may write it). A finish kernel, not the last slab of each head (found
-// by a ticket), so that no block of the mixer carries a release, a ticket's round trip and the norm on its
-// path: a verify step 3.46 -> 3.36 ms on the H200, as with the linears' split sums (linear_mma.cu). Every
-// token's arithmetic is the same at T = 1 and 16. conv_out, beta and g are written for gdn_commit's replay.
-// The weights are read before the wait (pdl.cuh) and every activation and state load is issued before the
-// arithmetic that waits on it.
+// k conv state: no block of the mixer may write it). A verify step's replay record (keys, decays, deltas) is
+// written by the mixer kernel as gdn_recurrence.cuh's kernel writes it. A finish kernel, not the last slab of
+// each head (found by a ticket), so that no block of the mixer carries a release, a ticket's round trip and
+// the norm on its path: a verify step 3.46 -> 3.36 ms on the H200, as with the linears' split sums
+// (linear_mma.cu). Every token's arithmetic is the same at T = 1 and 16. The weights are read before the wait
+// (pdl.cuh) and every activation and state load is issued before the arithmetic that waits on it.
 #include <cmath>
 
 #include "backend/cuda/gdn_recurrence.cuh"
@@ -80,6 +80,7 @@ struct MixerArgs {
   int tokens, hidden_chunks;
   float eps;
   bool update_state;
+  gdn::ReplayRecord replay;  // a verify step's record (gdn_recurrence.cuh's writers), or null
 };
 
 template <int kRows>
@@ -207,6 +208,8 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
       const float g = gdn_log_decay(a.a_log.at(0, head), sum, a.dt_bias.at(0, head));
       stage_decay[t] = expf(g);
       if (slab == 0) a.g[t * a.g_stride + head] = g;
+      if (slab == 0 && a.replay.keys != nullptr)
+        a.replay.decays[t * a.replay.decays_stride + head] = stage_decay[t];
     }
   }
   if (tid < gdn::kThreads) {
@@ -216,6 +219,8 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
                                         d.query_scale);
   }
   __syncthreads();
+  if (a.replay.keys != nullptr && head % ratio == 0 && slab == 0)
+    gdn::record_keys(a.replay, &stage_qk[1][0][0], kKeyStride, 0, T, key_head, d.dk);
 
   // 3. The recurrence, token by token (an output reduced one token late, its shuffles overlapping the next
   // token's, as gdn_recurrence.cuh does), into the stage; then the raw outputs go out with the slab's sums of
@@ -232,7 +237,12 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
       const float previous_output = gdn::reduce_scatter_columns(partials, row_group);
       if (t > 0 && writer) stage_out[t - 1][slab_column + own_column] = previous_output;
       const float value = active ? stage_value[t][slab_column + own_column] : 0.0f;
-      gdn::apply_delta(s, key, (value - prediction) * stage_beta[t], row_group);
+      const float delta = (value - prediction) * stage_beta[t];
+      if (a.replay.keys != nullptr && writer)
+        a.replay
+            .deltas[t * a.replay.deltas_stride + static_cast<int64_t>(head) * d.dv + column + own_column] =
+            delta;
+      gdn::apply_delta(s, key, delta, row_group);
       gdn::output_partials(s, &stage_qk[0][t][first_row], partials);
     }
     const float last_output = gdn::reduce_scatter_columns(partials, row_group);
@@ -302,7 +312,8 @@ bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, co
 }
 
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& o, const GdnMixerWeights& w, const GdnShape& shape,
-                             float eps, bool update_state, cudaStream_t stream) {
+                             float eps, const GdnStateUpdate& update, cudaStream_t stream) {
+  const bool update_state = update.advance;
   const auto& [nk, nv, dk, dv] = shape;
   const MixerArgs args{o.out.ptr<float>(),
                        o.out.stride,
@@ -333,7 +344,8 @@ cudaError_t launch_gdn_mixer(const GdnMixerOperands& o, const GdnMixerWeights& w
                        static_cast<int>(o.qkvz.rows),
                        static_cast<int>(o.x.cols / kChunk),
                        eps,
-                       update_state};
+                       update_state,
+                       gdn::replay_record(update.replay)};
   const auto query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
   const gdn::Dims dims{nk, nv, dk, dv, query_scale};
   const int slabs = gdn::slabs(dv);

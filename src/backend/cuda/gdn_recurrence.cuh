@@ -1,6 +1,6 @@
-// The gated delta rule's per-token recurrence for one block = (value head, slab of 32 state columns), shared
-// by gated_delta_rule.cu (decode, verify: outputs) and gdn_commit.cu (the commit's replay: state only). Per
-// head, with S [dk, dv] and decay exp(g):
+// The gated delta rule's per-token recurrence for one block = (value head, slab of 32 state columns): the
+// kernel of gated_delta_rule.cu (decode, verify), whose lane layout and token arithmetic gdn_mixer.cu shares.
+// Per head, with S [dk, dv] and decay exp(g):
 //   S = exp(g) S ;  delta = beta (v - S^T k) ;  S += k delta^T ;  o = S^T q
 // with q, k L2-normalised (eps 1e-6) and q scaled by dk^-0.5.
 //
@@ -11,10 +11,10 @@
 // lane one column's total, column = row group / 4) and, for delta, an all-gather back to 4 columns (3
 // shuffles). A token's output sums are reduced together with the next token's prediction (their shuffle
 // latencies overlap; the output is stored one token late). Tokens are staged 16 at a time in shared memory
-// with cp.async: q (not in the state-only form) and k, normalised there (4 lanes per vector), the slab's v,
-// beta and g (-> exp(g)). The state is loaded before the staging and stays in registers for all tokens: read
-// once, written once. A token's arithmetic does not depend on T nor on its place in a stage: one call of 16
-// tokens, 16 calls of one and a commit replay give the same bits.
+// with cp.async: q and k, normalised there (4 lanes per vector), the slab's v, beta and g (-> exp(g)). The
+// state is loaded before the staging and stays in registers for all tokens: read once, written once. A
+// token's arithmetic does not depend on T nor on its place in a stage: one call of 16 tokens and 16 calls of
+// one give the same bits, and so does gdn_commit's replay of a verify step's record (keys, decays, deltas).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
+#include "backend/ops.h"
 
 namespace qspec::cuda::gdn {
 
@@ -36,7 +37,26 @@ inline constexpr int kMaxKeyDim = 128;                            // 8 rows per 
 inline constexpr float kL2NormEps = 1e-6f;
 inline constexpr unsigned int kFullMask = 0xffffffffu;
 
-// One layer's operands (fp32); out is not written by the state-only (commit) form.
+// Where a verify step's recurrence keeps its rows' replay record (GdnReplayRows); null keys: none kept. The
+// keys come from one block of each key head (its first value head's first slab), the decays from each
+// head's first slab, each delta from the lane that owns its column.
+struct ReplayRecord {
+  float* keys;
+  int64_t keys_stride;
+  float* decays;
+  int64_t decays_stride;
+  float* deltas;
+  int64_t deltas_stride;
+};
+
+// The record's pointers (all null when none is kept).
+inline ReplayRecord replay_record(const GdnReplayRows& r) {
+  if (r.empty()) return {};
+  return {r.keys.ptr<float>(), r.keys.stride,         r.decays.ptr<float>(),
+          r.decays.stride,     r.deltas.ptr<float>(), r.deltas.stride};
+}
+
+// One layer's operands (fp32).
 struct RecurrenceArgs {
   float* out;
   int64_t out_stride;
@@ -49,6 +69,7 @@ struct RecurrenceArgs {
   float* state;
   int64_t state_stride;
   int64_t tokens;
+  ReplayRecord replay;
 };
 
 struct Dims {
@@ -183,9 +204,20 @@ __device__ inline void output_partials(const float (&s)[kRows][4], const float* 
   }
 }
 
+// Stores `count` staged (normalised) keys of key head `key_head`, rows of `stride` floats from `staged`, as
+// the replay record's rows first.. (every thread of the block takes part).
+__device__ inline void record_keys(const ReplayRecord& r, const float* staged, int stride, int64_t first,
+                                   int count, int key_head, int dk) {
+  for (int e = static_cast<int>(threadIdx.x); e < count * dk; e += static_cast<int>(blockDim.x)) {
+    const int t = e / dk, i = e % dk;
+    r.keys[(first + t) * r.keys_stride + static_cast<int64_t>(key_head) * dk + i] = staged[t * stride + i];
+  }
+}
+
 // Runs tokens [0, a.tokens) of value head `head` for state columns [32 slab, 32 slab + 32), writing the
-// outputs when kOutputs; kRows * 16 >= dk. Every thread of the block must call it (barriers between stages).
-template <int kRows, bool kOutputs>
+// outputs (and the replay record when asked); kRows * 16 >= dk. Every thread of the block must call it
+// (barriers between stages).
+template <int kRows>
 __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const Dims& d, int head, int slab,
                                                 bool update_state) {
   constexpr int kKeys = kRows * kRowGroups;
@@ -212,7 +244,7 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
                            static_cast<int64_t>(head) * d.dv + static_cast<int64_t>(slab) * kSlabColumns;
   const int own_column = row_group / 4;  // of the lane's 4, after a reduce-scatter
   const bool writer = active && row_group % 4 == 0;
-  float* out_column = kOutputs ? a.out + static_cast<int64_t>(head) * d.dv + column + own_column : nullptr;
+  float* out_column = a.out + static_cast<int64_t>(head) * d.dv + column + own_column;
 
   for (int64_t first = 0; first < a.tokens; first += kStageTokens) {
     const int count = static_cast<int>(a.tokens - first < kStageTokens ? a.tokens - first : kStageTokens);
@@ -221,11 +253,10 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
       const int t = e / kKeys, i = e % kKeys;
       if (i < d.dk) {
         const float* row = a.qkv + (first + t) * a.qkv_stride;
-        if constexpr (kOutputs) cp_async_4(&stage_qk[0][t][i], row + q_offset + i);
+        cp_async_4(&stage_qk[0][t][i], row + q_offset + i);
         cp_async_4(&stage_qk[1][t][i], row + k_offset + i);
       } else {
-        if constexpr (kOutputs) stage_qk[0][t][i] = 0.0f;
-        stage_qk[1][t][i] = 0.0f;
+        stage_qk[0][t][i] = stage_qk[1][t][i] = 0.0f;
       }
     }
     for (int e = tid; e < count * kSlabColumns; e += kThreads) {
@@ -245,13 +276,17 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
     {  // L2-normalise q and k in place: vector = (tid / 4) -> (q or k, token), 4 lanes each.
       const int vector = tid / kNormLanes;
       const int which = vector / kStageTokens, t = vector % kStageTokens;
-      // The state-only form needs no queries (whole warps skip them: their shuffles are warp-wide).
-      if (kOutputs || which == 1)
-        normalize_staged_vector<kKeys>(stage_qk[which][t], tid % kNormLanes, which == 0, t < count,
-                                       d.query_scale);
-      if (tid < count) stage_decay[tid] = expf(stage_decay[tid]);
+      normalize_staged_vector<kKeys>(stage_qk[which][t], tid % kNormLanes, which == 0, t < count,
+                                     d.query_scale);
+      if (tid < count) {
+        stage_decay[tid] = expf(stage_decay[tid]);
+        if (a.replay.keys != nullptr && slab == 0)
+          a.replay.decays[(first + tid) * a.replay.decays_stride + head] = stage_decay[tid];
+      }
     }
     __syncthreads();
+    if (a.replay.keys != nullptr && head % (d.num_value_heads / d.num_key_heads) == 0 && slab == 0)
+      record_keys(a.replay, &stage_qk[1][0][0], kKeyStride, first, count, key_head, d.dk);
 
     float partials[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the previous token's output, reduced one token late
     for (int t = 0; t < count; ++t) {
@@ -259,17 +294,17 @@ __device__ __forceinline__ void recurrence_slab(const RecurrenceArgs& a, const D
       float prediction_partials[4];
       decay_and_predict(s, key, stage_decay[t], prediction_partials);
       const float prediction = reduce_scatter_columns(prediction_partials, row_group);
-      if constexpr (kOutputs) {
-        const float previous_output = reduce_scatter_columns(partials, row_group);
-        if (t > 0 && writer) out_column[(first + t - 1) * a.out_stride] = previous_output;
-      }
-      apply_delta(s, key, (stage_value[t][slab_column + own_column] - prediction) * stage_beta[t], row_group);
-      if constexpr (kOutputs) output_partials(s, &stage_qk[0][t][first_row], partials);
+      const float previous_output = reduce_scatter_columns(partials, row_group);
+      if (t > 0 && writer) out_column[(first + t - 1) * a.out_stride] = previous_output;
+      const float delta = (stage_value[t][slab_column + own_column] - prediction) * stage_beta[t];
+      if (a.replay.keys != nullptr && writer)
+        a.replay.deltas[(first + t) * a.replay.deltas_stride + static_cast<int64_t>(head) * d.dv + column +
+                        own_column] = delta;
+      apply_delta(s, key, delta, row_group);
+      output_partials(s, &stage_qk[0][t][first_row], partials);
     }
-    if constexpr (kOutputs) {
-      const float last_output = reduce_scatter_columns(partials, row_group);
-      if (writer) out_column[(first + count - 1) * a.out_stride] = last_output;
-    }
+    const float last_output = reduce_scatter_columns(partials, row_group);
+    if (writer) out_column[(first + count - 1) * a.out_stride] = last_output;
   }
 
   if (update_state && active) store_state_block(s, state, a.state_stride, first_row, d.dk);

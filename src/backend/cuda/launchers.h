@@ -14,6 +14,7 @@ namespace qspec {
 struct GdnCommitLayer;
 struct GdnMixerWeights;
 struct GdnShape;
+struct GdnStateUpdate;
 }  // namespace qspec
 
 namespace qspec::cuda {
@@ -206,7 +207,7 @@ cudaError_t launch_gdn_gates_linear(const Tensor& beta, const Tensor& g, const T
                                     const LinearWeight& w_b, const LinearWeight& w_a, const Tensor& a_log,
                                     const Tensor& dt_bias, cudaStream_t stream);
 
-// Gated delta rule; the fp32 state is written back only when update_state. Calls of fewer than
+// Gated delta rule; the fp32 state is written back only when update.advance. Calls of fewer than
 // kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does
 // not depend on T; longer ones the chunked form where it fits the device.
 inline constexpr int64_t kGdnChunkedMinTokens = 64;
@@ -214,13 +215,13 @@ inline constexpr int64_t kGdnChunkedMinTokens = 64;
 // costs little; longer calls round each operand to BF16 once (gated_delta_rule_chunked.cu).
 inline constexpr int64_t kGdnChunkedSplitMaxTokens = 128;
 // gated_delta_rule.cu: the per-token recurrence in one launch, the state in registers (gdn_recurrence.cuh for
-// key_head_dim <= 128 and whole 16-byte column quads, a general kernel otherwise). key_head_dim <=
-// kGdnRecurrentMaxKeyDim. An empty `out`: the state update alone (gdn_commit's fallback).
+// key_head_dim <= 128 and whole 16-byte column quads, a general kernel otherwise), which fills update.replay
+// when given. key_head_dim <= kGdnRecurrentMaxKeyDim.
 inline constexpr int kGdnRecurrentMaxKeyDim = 256;
 cudaError_t launch_gated_delta_rule_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& beta,
                                               const Tensor& g, const Tensor& state, int num_key_heads,
                                               int num_value_heads, int key_head_dim, int value_head_dim,
-                                              bool update_state, cudaStream_t stream);
+                                              const GdnStateUpdate& update, cudaStream_t stream);
 // gdn_mixer.cu: Backend::gdn_mixer as a kernel and its finish (the gated norm, the conv states) for 1..16
 // tokens (conv kernel 4, dk and dv <= 128, the state as gdn_recurrence.cuh takes it, the gates as
 // gdn_gates_linear_supports takes them); core is its scratch.
@@ -230,13 +231,12 @@ struct GdnMixerOperands {
 bool gdn_mixer_fits(const Tensor& qkvz, const Tensor& x, const Tensor& state, const GdnMixerWeights& w,
                     const GdnShape& shape);
 cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWeights& w,
-                             const GdnShape& shape, float eps, bool update_state, cudaStream_t stream);
+                             const GdnShape& shape, float eps, const GdnStateUpdate& update,
+                             cudaStream_t stream);
 
-// gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers). accepted_rows: a
-// device I32 scalar, the count of rows accepted (clamped to [0, T]); null: all T. A layer whose state
-// gdn_recurrence.cuh does not take (gdn_commit_takes_row_count false) runs gated_delta_rule's general kernel,
-// only without accepted_rows (else cudaErrorNotSupported). Conv kernel sizes <= kMaxConvKernel.
-bool gdn_commit_takes_row_count(const Tensor& recurrent_state, int key_head_dim, int value_head_dim);
+// gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers), the recurrent ones by
+// the replay of their records. accepted_rows: a device I32 scalar, the count of rows accepted (clamped to
+// [0, T]); null: all T. Conv kernel sizes <= kMaxConvKernel.
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
                               int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream);
