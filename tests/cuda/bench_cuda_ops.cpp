@@ -265,7 +265,7 @@ void time_prefill_linears(Bench& bench, nlohmann::json& results) {
       cuda::check_cuda(cuda::launch_rows_to_bf16(operand, x, nullptr, cuda::RowGate::None, nullptr),
                        "x to BF16");
       std::string sweep_line;
-      for (int block_rows : {64, 128})
+      for (int block_rows : {64, 128, 256})
         for (int64_t splits : {0, 1, 2, 4, 8}) {
           const cuda::W4a16GemmTuning tuning{splits, true, true, block_rows};
           cuda::DeviceMemory workspace(
@@ -326,7 +326,7 @@ void launch_w4a16_shapes(Bench& bench) {
                                              cuda::RowGate::None, nullptr),
                    "x to BF16");
   const Tensor out = bench.activation(kRows, kN, -1, 1);
-  for (int block_rows : {64, 128}) {
+  for (int block_rows : {64, 128, 256}) {
     const cuda::W4a16GemmTuning tuning{0, true, true, block_rows};
     cuda::DeviceMemory workspace(std::max<size_t>(1, cuda::w4a16_gemm_workspace_bytes(kRows, w, tuning)));
     for (int launch = 0; launch < 2; ++launch)

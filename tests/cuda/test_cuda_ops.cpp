@@ -575,13 +575,14 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
       cuda::check_cuda(
           cuda::launch_rows_to_bf16(x_bf16.data(), x.gpu(), nullptr, cuda::RowGate::None, nullptr),
           "x to BF16");
-      for (const int block_rows : {64, 128})
+      for (const int block_rows : {64, 128, 256})
         for (cuda::W4a16GemmTuning tuning :
              {cuda::W4a16GemmTuning{1, true, true}, cuda::W4a16GemmTuning{3, true, true},
               cuda::W4a16GemmTuning{16, true, true}, cuda::W4a16GemmTuning{5, false, true},
               cuda::W4a16GemmTuning{0, true, false}, cuda::W4a16GemmTuning{16, true, false},
               cuda::W4a16GemmTuning{5, false, false}}) {
           tuning.block_rows = block_rows;
+          if (block_rows == 256 && !(tuning.wgmma && cuda::w4a16_gemm_uses_wgmma())) continue;  // wgmma only
           b.poison(kernel);
           b.gpu().synchronize();  // the poison goes on the backend's stream, the kernel on the default one
           // The workspace (x's images for wgmma, split partials) poisoned too: a fresh allocation may get the

@@ -106,7 +106,7 @@ struct W4a16GemmTuning {
   int64_t splits = 0;
   bool cluster_sums = true;
   bool wgmma = true;
-  int block_rows = 0;  // rows of x a block takes: 64 or 128 (0: by the call's rows)
+  int block_rows = 0;  // rows of x a block takes: 64, 128 or (wgmma only) 256 (0: by the call's rows)
 };
 // Reads what the kernel's choices depend on (SMs, clusters, sm_90a code) and sets its attributes: once,
 // before any launch can be inside a stream capture (CudaBackend's constructor).

@@ -75,7 +75,7 @@ constexpr int kCoreBytes = 128;
 template <int kBlockRows>
 struct BlockShape {
   static constexpr int kRows = kBlockRows;
-  static constexpr int kTiles = 128 / kRows;
+  static constexpr int kTiles = kRows >= 128 ? 1 : 128 / kRows;
   static constexpr int kFeatures = kWarps * kTiles * kTileFeatures;
   static constexpr int kRowGroups = kRows / 8;  // the mma's n8 columns
   static constexpr int kStageUnits = kRows * kChunkUnits;
@@ -84,7 +84,7 @@ struct BlockShape {
   static constexpr size_t kStageBytes = kStageUnits * sizeof(uint4);
   static constexpr size_t kSumsBytes = size_t{kRows} * kSumsStride * sizeof(float);
   static constexpr int kWgmmaStepBytes = kRowGroups * 2 * kCoreBytes;
-  static_assert(kStageUnits % kThreads == 0 && kTiles * kRowGroups == 16);
+  static_assert(kStageUnits % kThreads == 0 && kTiles * kRowGroups >= 16);
   static_assert(kWgmmaStepBytes * kChunkK / 16 == static_cast<int>(kStageBytes));
   // Dynamic shared memory: the stages of x, which the block's sums reuse for cluster sums, and for wgmma the
   // stages' copy barriers after them.
@@ -307,6 +307,47 @@ __device__ inline void barrier_wait(uint64_t* barrier, unsigned phase) {
         : "r"(shared_address(barrier)), "r"(phase)
         : "memory");
   } while (done == 0);
+#endif
+}
+
+// d (64 features x 256 rows, FP32) += A (this warp's 16 features x 16 k) B (x: 16 k x 256 rows).
+__device__ inline void wgmma_bf16(float (&d)[32][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                  uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+      "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, "
+      "%101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, "
+      "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, "
+      "p, 1, 1, 0;\n}\n "
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]),
+        "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),
+        "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]),
+        "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+        "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]),
+        "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]),
+        "+f"(d[31][2]), "+f"(d[31][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
 #endif
 }
 
@@ -653,8 +694,8 @@ struct ShapeOccupancy {
 struct GemmDevice {
   int multiprocessors = 1;
   int max_cluster = 0;
-  bool wgmma = false;  // the code the device runs was built for sm_90a
-  ShapeOccupancy rows64, rows128;
+  bool wgmma = false;                       // the code the device runs was built for sm_90a
+  ShapeOccupancy rows64, rows128, rows256;  // rows256: wgmma only
 };
 
 // Every instance of the kernel of one block shape, and what each needs before its first launch: the dynamic
@@ -692,13 +733,14 @@ cudaLaunchConfig_t cluster_config(int blocks, size_t shared, cudaLaunchAttribute
 
 using RowBlocks64 = BlockShape<64>;
 using RowBlocks128 = BlockShape<128>;
+using RowBlocks256 = BlockShape<256>;  // wgmma only (m64n256k16: 128 sums a thread)
 
 // A block shape's occupancy (ShapeOccupancy), and in `shape_max_cluster` the largest cluster of its blocks
 // the GPU can schedule, up to `max_cluster` (0: no clusters).
-template <typename Shape>
-ShapeOccupancy occupancy(bool wgmma, int multiprocessors, int max_cluster, int& shape_max_cluster) {
-  auto* const kernel = wgmma ? w4a16_gemm_kernel<Shape, 4, true> : w4a16_gemm_kernel<Shape, 4, false>;
-  const size_t shared = Shape::shared_bytes(wgmma, true);
+template <typename Shape, bool kWgmma>
+ShapeOccupancy occupancy(int multiprocessors, int max_cluster, int& shape_max_cluster) {
+  auto* const kernel = w4a16_gemm_kernel<Shape, 4, kWgmma>;
+  const size_t shared = Shape::shared_bytes(kWgmma, true);
   ShapeOccupancy o;
   int per_multiprocessor = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads, shared),
@@ -734,11 +776,18 @@ const GemmDevice& gemm_device() {
     check_cuda(prepare_kernels<RowBlocks64, true>(), "W4A16 kernel attributes");
     check_cuda(prepare_kernels<RowBlocks128, false>(), "W4A16 kernel attributes");
     check_cuda(prepare_kernels<RowBlocks128, true>(), "W4A16 kernel attributes");
+    check_cuda(prepare_kernels<RowBlocks256, true>(), "W4A16 kernel attributes");
     const int max_cluster = clusters_supported() ? kMaxClusterSplits : 0;
-    int max64 = 0, max128 = 0;
-    d.rows64 = occupancy<RowBlocks64>(d.wgmma, d.multiprocessors, max_cluster, max64);
-    d.rows128 = occupancy<RowBlocks128>(d.wgmma, d.multiprocessors, max_cluster, max128);
-    d.max_cluster = std::min(max64, max128);
+    int max64 = 0, max128 = 0, max256 = max_cluster;
+    if (d.wgmma) {
+      d.rows64 = occupancy<RowBlocks64, true>(d.multiprocessors, max_cluster, max64);
+      d.rows128 = occupancy<RowBlocks128, true>(d.multiprocessors, max_cluster, max128);
+      d.rows256 = occupancy<RowBlocks256, true>(d.multiprocessors, max_cluster, max256);
+    } else {
+      d.rows64 = occupancy<RowBlocks64, false>(d.multiprocessors, max_cluster, max64);
+      d.rows128 = occupancy<RowBlocks128, false>(d.multiprocessors, max_cluster, max128);
+    }
+    d.max_cluster = std::min({max64, max128, max256});
     return d;
   }();
   return device;
@@ -752,7 +801,8 @@ bool takes_wgmma(const W4a16GemmTuning& tuning) {
 // has at most 64; with mma.sync 64 (at 128 its registers spill); or what the tuning says.
 int block_rows(int64_t rows, const W4a16GemmTuning& tuning) {
   if (tuning.block_rows != 0) return tuning.block_rows;
-  return takes_wgmma(tuning) && rows > RowBlocks64::kRows ? RowBlocks128::kRows : RowBlocks64::kRows;
+  if (!takes_wgmma(tuning) || rows <= RowBlocks64::kRows) return RowBlocks64::kRows;
+  return rows <= RowBlocks128::kRows ? RowBlocks128::kRows : RowBlocks256::kRows;
 }
 
 // The split of K with the least estimated time (splits_by_waves): waves of blocks x (chunks a split +
@@ -772,7 +822,9 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
   if (tuning.splits > 0) return split_of(tuning.splits);
   const int64_t tiles =
       ((out_features + Shape::kFeatures - 1) / Shape::kFeatures) * ((rows + Shape::kRows - 1) / Shape::kRows);
-  const ShapeOccupancy& o = Shape::kRows == RowBlocks128::kRows ? device.rows128 : device.rows64;
+  const ShapeOccupancy& o = Shape::kRows == RowBlocks256::kRows   ? device.rows256
+                            : Shape::kRows == RowBlocks128::kRows ? device.rows128
+                                                                  : device.rows64;
   const auto concurrent = [&](int64_t wanted) -> int64_t {
     if (wanted == 1) return o.resident_blocks;
     return split_of(wanted).cluster_sums ? o.concurrent_clusters[wanted] : o.resident_blocks / wanted;
@@ -782,7 +834,10 @@ Split gemm_split(int64_t rows, int64_t out_features, int64_t in_features, const 
 }
 
 Split gemm_split(int64_t rows, const LinearWeight& w, const W4a16GemmTuning& tuning) {
-  return block_rows(rows, tuning) == RowBlocks128::kRows
+  const int rows_per_block = block_rows(rows, tuning);
+  if (rows_per_block == RowBlocks256::kRows)
+    return gemm_split<RowBlocks256>(rows, w.out_features, w.in_features, tuning);
+  return rows_per_block == RowBlocks128::kRows
              ? gemm_split<RowBlocks128>(rows, w.out_features, w.in_features, tuning)
              : gemm_split<RowBlocks64>(rows, w.out_features, w.in_features, tuning);
 }
@@ -793,10 +848,16 @@ cudaError_t launch_gemm(const GemmArgs& a, bool wgmma, cudaStream_t stream) {
                   static_cast<unsigned>((a.rows + Shape::kRows - 1) / Shape::kRows));
   const unsigned cluster = a.cluster_sums ? static_cast<unsigned>(a.splits) : 1u;
   const size_t shared = Shape::shared_bytes(wgmma, a.cluster_sums);
-  return wgmma ? launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, true>, grid, kThreads,
-                                           shared, cluster, stream, a)
-               : launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, false>, grid, kThreads,
-                                           shared, cluster, stream, a);
+  if constexpr (Shape::kRows > RowBlocks128::kRows) {
+    if (!wgmma) return cudaErrorInvalidValue;
+    return launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, true>, grid, kThreads, shared,
+                                     cluster, stream, a);
+  } else {
+    return wgmma ? launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, true>, grid, kThreads,
+                                             shared, cluster, stream, a)
+                 : launch_kernel_in_clusters(w4a16_gemm_kernel<Shape, kScalesPerChunk, false>, grid, kThreads,
+                                             shared, cluster, stream, a);
+  }
 }
 
 // wgmma: x's images (w4a16_x_images_kernel) into `images`, then the kernel reading them.
@@ -866,7 +927,8 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
                               cudaStream_t stream, const W4a16GemmTuning& tuning) {
   if (out.rows == 0 || w.out_features == 0) return cudaSuccess;
   const int rows_per_block = block_rows(out.rows, tuning);
-  if (rows_per_block != RowBlocks64::kRows && rows_per_block != RowBlocks128::kRows)
+  if (rows_per_block != RowBlocks64::kRows && rows_per_block != RowBlocks128::kRows &&
+      rows_per_block != RowBlocks256::kRows)
     return cudaErrorInvalidValue;
   const Split split = gemm_split(out.rows, w, tuning);
   const Workspace parts = workspace_of(out.rows, w, tuning);
@@ -891,7 +953,9 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
                    split.chunks_per_split};
   const int per_chunk = scales_per_chunk(w.group_size);
   const bool wgmma = takes_wgmma(tuning);
-  const cudaError_t status = rows_per_block == RowBlocks128::kRows
+  const cudaError_t status = rows_per_block == RowBlocks256::kRows
+                                 ? launch_gemm<RowBlocks256>(a, per_chunk, wgmma, workspace, stream)
+                             : rows_per_block == RowBlocks128::kRows
                                  ? launch_gemm<RowBlocks128>(a, per_chunk, wgmma, workspace, stream)
                                  : launch_gemm<RowBlocks64>(a, per_chunk, wgmma, workspace, stream);
   if (status != cudaSuccess || partials == nullptr) return status;
