@@ -461,7 +461,8 @@ TEST(CpuGdnCommit, RowCountAcceptsAPrefix) {
   cpu_test::expect_error([&] { commit_with(float_count); }, {"gdn_commit", "rows must be I32, got F32"});
 }
 
-// A layer whose inputs have another T than the first layer's is refused, naming the layer.
+// A layer whose inputs have another T than the first layer's is refused, naming the layer; so is a record of
+// other rows than the conv inputs', and more rows than a verify block.
 TEST(CpuGdnCommit, RefusesLayersOfDifferentLengths) {
   std::mt19937 rng(35);
   auto backend = make_cpu_backend();
@@ -479,6 +480,13 @@ TEST(CpuGdnCommit, RefusesLayersOfDifferentLengths) {
       {conv_state.view(), first.qkv.view(), state_a.view(), record_a.rows(2)}};
   cpu_test::expect_error([&] { backend->gdn_commit(short_record, kGroupedShape, Tensor{}); },
                          {"gdn_commit", "layers[0].replay.keys", "[2, 64]", "[3, 64]"});
+  // More rows than a verify block.
+  const GdnRecord long_record(kGroupedShape, 17);
+  const TestTensor long_input(DType::F32, 17, first.qkv.cols());
+  const std::vector<GdnCommitLayer> long_layers = {
+      {conv_state.view(), long_input.view(), state_a.view(), long_record.rows(17)}};
+  cpu_test::expect_error([&] { backend->gdn_commit(long_layers, kGroupedShape, Tensor{}); },
+                         {"gdn_commit", "layers of 17 rows", "at most 16"});
 }
 
 }  // namespace

@@ -457,6 +457,8 @@ void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShap
   if (!rows.empty()) require_indices(op, "rows", rows, 1);
   const auto& [nk, nv, dk, dv] = shape;
   const int64_t tokens = layers.empty() ? 0 : layers.front().conv_input.rows;
+  if (tokens > kGdnReplayMaxRows)
+    fail("{}: layers of {} rows, expected at most {} (a verify block)", op, tokens, kGdnReplayMaxRows);
   for (size_t i = 0; i < layers.size(); ++i) {
     const GdnCommitLayer& layer = layers[i];
     const auto arg = [i](std::string_view name) { return fmt::format("layers[{}].{}", i, name); };

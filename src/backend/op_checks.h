@@ -99,7 +99,8 @@ void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tenso
                                  const Tensor& conv_state, const Tensor& recurrent_state,
                                  const GdnMixerWeights& w, const GdnShape& shape,
                                  const GdnStateUpdate& update);
-// gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T; rows
+// gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T (at most
+// kGdnReplayMaxRows); rows
 // empty or I32 [1, 1] (its value is the backend's to check: it may be on the device).
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape, const Tensor& rows);
 // argmax: logits F32 [rows, V] with 1 <= V <= INT32_MAX (ids are I32), out_ids I32 [rows, 1].

@@ -518,6 +518,9 @@ class CudaBackend final : public Backend {
       if (layers[i].conv_state.cols > kMaxConvKernel - 1)
         fail("gdn_commit: layers[{}].conv_state has {} columns, expected at most {} (kernel sizes up to {})",
              i, layers[i].conv_state.cols, kMaxConvKernel - 1, kMaxConvKernel);
+    if (shape.value_head_dim > kGdnCommitMaxValueDim)
+      fail("gdn_commit: value_head_dim {} is above the CUDA backend's {}", shape.value_head_dim,
+           kGdnCommitMaxValueDim);
     check_cuda(launch_gdn_commit(layers.data(), layers.size(), rows.ptr<const int32_t>(), shape.num_key_heads,
                                  shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, stream()),
                "gdn_commit");

@@ -4,13 +4,14 @@
 //   S = decay S ;  S += k delta^T   per accepted row,
 // the same two roundings per element and row as the recurrence's (gdn_recurrence.cuh: s *= decay, then
 // fmaf(k, delta, s)), without the prediction's sums over dk and their shuffles. Grid = (blocks of one layer,
-// layers): a layer's first blocks replay its recurrent state, a thread per 8 rows x 4 columns of a head (a
-// warp: 8 rows x 128 columns, 16-byte loads of whole rows), the rest shift its conv state, a thread per
-// channel. The state is read once and written once: ~100 MB for Qwen3.5-4B (24 layers), ~25 us at 4.16 TB/s.
-// With a count of rows on the device, every block reads it first (clamped to the layers' rows): a recorded
-// commit takes any count.
+// layers): a layer's first blocks replay its recurrent state (replay_slab), the rest shift its conv state, a
+// thread per channel. The state is read once and written once: ~100 MB for Qwen3.5-4B (24 layers), ~25 us
+// at 4.16 TB/s. With a count of rows on the device, every block reads it first (clamped to the layers'
+// rows): a recorded commit takes any count.
 #include <cstdint>
 
+#include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/ops.h"
@@ -23,6 +24,7 @@ constexpr int kThreads = 128;
 constexpr int kMaxLayersPerLaunch = 24;  // keeps the kernel's parameters under 4 KiB
 constexpr int kMaxConvHistory = kMaxConvKernel - 1;
 constexpr int kRowsPerThread = 8;
+constexpr int kSlabRows = kThreads / kWarpSize * kRowsPerThread;  // 32 state rows a recurrent block
 
 struct CommitLayerArgs {
   float* state;  // [nv * dk, dv]
@@ -41,12 +43,16 @@ struct CommitBatch {
   CommitLayerArgs layers[kMaxLayersPerLaunch];
 };
 
-// Where a thread's part of a layer's recurrent state lies: kColumns adjacent columns x kRowsPerThread rows of
-// one head, column groups varying fastest (a warp's loads are whole rows).
 struct CommitDims {
   int num_key_heads, num_value_heads, dk, dv;
-  int column_groups, row_groups;  // per head: dv / kColumns, dk / kRowsPerThread (rounded up)
+  int slabs;  // per head: dk / kSlabRows, rounded up
 };
+
+// A recurrent block's shared memory: the record's rows it reads, keys [rows][kSlabRows] (its slab's), deltas
+// [rows][dv] and decays [rows] (its head's).
+size_t staged_record_bytes(int64_t rows, int dv) {
+  return static_cast<size_t>(rows * (kSlabRows + dv + 1)) * sizeof(float);
+}
 
 template <int kColumns>
 struct Columns {
@@ -82,41 +88,65 @@ __device__ inline void store_columns(float* p, const Columns<kColumns>& c, int v
     if (j < valid) p[j] = c.v[j];
 }
 
-// The thread's rows x columns of a head's state advanced past `tokens` rows of the record.
+// Block `block` of a layer = (value head, slab of kSlabRows state rows) advanced past `tokens` rows of the
+// record: warp w takes the slab's rows 8w .. 8w + 7, lane l its column groups l, l + 32, ... of kColumns
+// columns (a warp's state loads are whole rows). The record's rows are staged first, every copy in flight at
+// once with the state's first loads (read from L2 inside the token loop, each row cost a round trip: 2.4 us
+// a token for 24 layers).
 template <int kColumns>
-__device__ void replay_state(const CommitLayerArgs& layer, const CommitDims& d, int64_t item,
-                             int64_t tokens) {
-  const int column_group = static_cast<int>(item % d.column_groups);
-  const int64_t rest = item / d.column_groups;
-  const int row_group = static_cast<int>(rest % d.row_groups);
-  const int head = static_cast<int>(rest / d.row_groups);
-  const int column = column_group * kColumns, first_row = row_group * kRowsPerThread;
-  const int valid_columns = min(kColumns, d.dv - column);
+__device__ void replay_slab(const CommitLayerArgs& layer, const CommitDims& d, int block, int64_t tokens,
+                            float* staged) {
+  const int head = block / d.slabs, slab = block % d.slabs;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int key_head = head / (d.num_value_heads / d.num_key_heads);
-  float* state = layer.state + (static_cast<int64_t>(head) * d.dk + first_row) * layer.state_stride + column;
-
-  Columns<kColumns> s[kRowsPerThread] = {};
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r)
-    if (first_row + r < d.dk) s[r] = load_columns<kColumns>(state + r * layer.state_stride, valid_columns);
-  const float* keys = layer.keys + static_cast<int64_t>(key_head) * d.dk + first_row;
-  const float* deltas = layer.deltas + static_cast<int64_t>(head) * d.dv + column;
-#pragma unroll 4
-  for (int64_t t = 0; t < tokens; ++t) {  // unrolled: several rows' loads in flight
-    const float decay = layer.decays[t * layer.decays_stride + head];
-    const Columns<kColumns> delta = load_columns<kColumns>(deltas + t * layer.deltas_stride, valid_columns);
-    float k[kRowsPerThread];
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r)
-      k[r] = first_row + r < d.dk ? keys[t * layer.keys_stride + r] : 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r)
-#pragma unroll
-      for (int j = 0; j < kColumns; ++j) s[r].v[j] = fmaf(k[r], delta.v[j], s[r].v[j] * decay);
+  const int slab_row = slab * kSlabRows, slab_rows = min(kSlabRows, d.dk - slab_row);
+  float* keys = staged;
+  float* deltas = keys + tokens * kSlabRows;
+  float* decays = deltas + tokens * d.dv;
+  for (int64_t e = tid; e < tokens * kSlabRows; e += kThreads) {
+    const int64_t t = e / kSlabRows;
+    const int r = static_cast<int>(e % kSlabRows);
+    const float* key = layer.keys + t * layer.keys_stride + static_cast<int64_t>(key_head) * d.dk + slab_row;
+    cp_async_4(&keys[e], key + (r < slab_rows ? r : 0), r < slab_rows ? 4 : 0);  // rows past dk: zeros
   }
+  for (int64_t e = tid; e < tokens * d.dv; e += kThreads) {
+    const int64_t t = e / d.dv, c = e % d.dv;
+    cp_async_4(&deltas[e], layer.deltas + t * layer.deltas_stride + static_cast<int64_t>(head) * d.dv + c);
+  }
+  for (int64_t t = tid; t < tokens; t += kThreads)
+    cp_async_4(&decays[t], layer.decays + t * layer.decays_stride + head);
+
+  const int first_row = warp * kRowsPerThread;  // in the slab
+  float* state =
+      layer.state + (static_cast<int64_t>(head) * d.dk + slab_row + first_row) * layer.state_stride;
+  Columns<kColumns> s[kRowsPerThread] = {};
+  const auto load_state = [&](int column) {
 #pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r)
-    if (first_row + r < d.dk) store_columns<kColumns>(state + r * layer.state_stride, s[r], valid_columns);
+    for (int r = 0; r < kRowsPerThread; ++r)
+      if (first_row + r < slab_rows)
+        s[r] = load_columns<kColumns>(state + r * layer.state_stride + column, min(kColumns, d.dv - column));
+  };
+  const int first_column = lane * kColumns;
+  if (first_column < d.dv) load_state(first_column);  // in flight with the staging
+  cp_async_wait_all();
+  __syncthreads();
+  for (int column = first_column; column < d.dv; column += kWarpSize * kColumns) {
+    const int valid_columns = min(kColumns, d.dv - column);
+    if (column != first_column) load_state(column);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float decay = decays[t];
+      const Columns<kColumns> delta = load_columns<kColumns>(deltas + t * d.dv + column, valid_columns);
+      const float* k = keys + t * kSlabRows + first_row;
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+        for (int j = 0; j < kColumns; ++j) s[r].v[j] = fmaf(k[r], delta.v[j], s[r].v[j] * decay);
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+      if (first_row + r < slab_rows)
+        store_columns<kColumns>(state + r * layer.state_stride + column, s[r], valid_columns);
+  }
 }
 
 // The new conv state of one channel = entries tokens .. tokens + history - 1 of (old state, inputs); all read
@@ -141,6 +171,7 @@ template <int kColumns>
 __global__ void __launch_bounds__(kThreads)
     gdn_commit_kernel(CommitBatch batch, CommitDims dims, int recurrence_blocks, int64_t rows,
                       const int32_t* accepted_rows) {
+  extern __shared__ float staged[];
   wait_for_previous_kernel();
   allow_next_kernel();
   const CommitLayerArgs& layer = batch.layers[blockIdx.y];
@@ -149,9 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tokens == 0) return;
   const int block = static_cast<int>(blockIdx.x);
   if (block < recurrence_blocks) {
-    const int64_t item = static_cast<int64_t>(block) * kThreads + threadIdx.x;
-    if (item < int64_t{dims.num_value_heads} * dims.row_groups * dims.column_groups)
-      replay_state<kColumns>(layer, dims, item, tokens);
+    replay_slab<kColumns>(layer, dims, block, tokens, staged);
     return;
   }
   const int64_t channel = static_cast<int64_t>(block - recurrence_blocks) * kThreads + threadIdx.x;
@@ -174,16 +203,13 @@ bool quads_fit(const GdnCommitLayer* layers, size_t count, int value_head_dim) {
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
                               int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream) {
-  if (count == 0 || layers[0].conv_input.rows == 0) return cudaSuccess;
-  const int columns = quads_fit(layers, count, value_head_dim) ? 4 : 1;
-  const CommitDims dims{num_key_heads,
-                        num_value_heads,
-                        key_head_dim,
-                        value_head_dim,
-                        (value_head_dim + columns - 1) / columns,
-                        (key_head_dim + kRowsPerThread - 1) / kRowsPerThread};
-  const int64_t items = int64_t{num_value_heads} * dims.row_groups * dims.column_groups;
-  const auto recurrence_blocks = static_cast<int>((items + kThreads - 1) / kThreads);
+  const int64_t rows = count == 0 ? 0 : layers[0].conv_input.rows;
+  if (rows == 0) return cudaSuccess;
+  const CommitDims dims{num_key_heads, num_value_heads, key_head_dim, value_head_dim,
+                        (key_head_dim + kSlabRows - 1) / kSlabRows};
+  const int recurrence_blocks = num_value_heads * dims.slabs;
+  const size_t shared_bytes = staged_record_bytes(rows, value_head_dim);
+  const bool quads = quads_fit(layers, count, value_head_dim);
   for (size_t first = 0; first < count; first += kMaxLayersPerLaunch) {
     const size_t batch_layers = count - first < kMaxLayersPerLaunch ? count - first : kMaxLayersPerLaunch;
     CommitBatch batch{};
@@ -210,12 +236,11 @@ cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const 
     const auto conv_blocks = static_cast<int>((max_channels + kThreads - 1) / kThreads);
     const dim3 grid(static_cast<unsigned int>(recurrence_blocks + conv_blocks),
                     static_cast<unsigned int>(batch_layers));
-    const int64_t rows = layers[0].conv_input.rows;
-    const cudaError_t status = columns == 4
-                                   ? launch_kernel(gdn_commit_kernel<4>, grid, kThreads, 0, stream, batch,
-                                                   dims, recurrence_blocks, rows, accepted_rows)
-                                   : launch_kernel(gdn_commit_kernel<1>, grid, kThreads, 0, stream, batch,
-                                                   dims, recurrence_blocks, rows, accepted_rows);
+    const auto launch = [&](auto kernel) {
+      return launch_kernel(kernel, grid, kThreads, shared_bytes, stream, batch, dims, recurrence_blocks, rows,
+                           accepted_rows);
+    };
+    const cudaError_t status = quads ? launch(gdn_commit_kernel<4>) : launch(gdn_commit_kernel<1>);
     if (status != cudaSuccess) return status;
   }
   return cudaSuccess;

@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
   __shared__ float stage_beta[kMaxTokens], stage_decay[kMaxTokens];
   __shared__ float gate_partials[2][kMaxTokens][kWarps];
   __shared__ float stage_out[kMaxTokens][kSlab];
+  __shared__ float stage_delta[kMaxTokens][kSlab];  // a verify step's record, written out after the tokens
 
   const int head = static_cast<int>(blockIdx.x), slab = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
@@ -219,8 +220,6 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
                                         d.query_scale);
   }
   __syncthreads();
-  if (a.replay.keys != nullptr && head % ratio == 0 && slab == 0)
-    gdn::record_keys(a.replay, &stage_qk[1][0][0], kKeyStride, 0, T, key_head, d.dk);
 
   // 3. The recurrence, token by token (an output reduced one token late, its shuffles overlapping the next
   // token's, as gdn_recurrence.cuh does), into the stage; then the raw outputs go out with the slab's sums of
@@ -238,10 +237,7 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
       if (t > 0 && writer) stage_out[t - 1][slab_column + own_column] = previous_output;
       const float value = active ? stage_value[t][slab_column + own_column] : 0.0f;
       const float delta = (value - prediction) * stage_beta[t];
-      if (a.replay.keys != nullptr && writer)
-        a.replay
-            .deltas[t * a.replay.deltas_stride + static_cast<int64_t>(head) * d.dv + column + own_column] =
-            delta;
+      if (writer) stage_delta[t][slab_column + own_column] = delta;
       gdn::apply_delta(s, key, delta, row_group);
       gdn::output_partials(s, &stage_qk[0][t][first_row], partials);
     }
@@ -257,7 +253,13 @@ __global__ void __launch_bounds__(kThreads) gdn_mixer_kernel(MixerArgs a, gdn::D
     const float squares = warp_sum(output * output);
     if (lane == 0)
       a.norm_partials[t * a.norm_partials_stride + static_cast<int64_t>(head) * d.dv + slab] = squares;
+    if (a.replay.keys != nullptr && present)
+      a.replay.deltas[t * a.replay.deltas_stride + static_cast<int64_t>(head) * d.dv + slab * kSlab + lane] =
+          stage_delta[t][lane];
   }
+  // The rest of the record off the recurrence's path: the keys by one block of the key head.
+  if (a.replay.keys != nullptr && head % ratio == 0 && slab == 0)
+    gdn::record_keys(a.replay, &stage_qk[1][0][0], kKeyStride, 0, T, key_head, d.dk);
 }
 
 // After gdn_mixer_kernel: blocks [0, T * nv) each normalise a (token, value head) row (a thread a column: its

@@ -235,8 +235,10 @@ cudaError_t launch_gdn_mixer(const GdnMixerOperands& operands, const GdnMixerWei
                              cudaStream_t stream);
 
 // gdn_commit.cu: every layer's conv and recurrent states in one launch (per 24 layers), the recurrent ones by
-// the replay of their records. accepted_rows: a device I32 scalar, the count of rows accepted (clamped to
-// [0, T]); null: all T. Conv kernel sizes <= kMaxConvKernel.
+// the replay of their records (T <= kGdnReplayMaxRows rows, staged in shared memory: value_head_dim <=
+// kGdnCommitMaxValueDim). accepted_rows: a device I32 scalar, the count of rows accepted (clamped to [0, T]);
+// null: all T. Conv kernel sizes <= kMaxConvKernel.
+inline constexpr int kGdnCommitMaxValueDim = 512;
 cudaError_t launch_gdn_commit(const GdnCommitLayer* layers, size_t count, const int32_t* accepted_rows,
                               int num_key_heads, int num_value_heads, int key_head_dim, int value_head_dim,
                               cudaStream_t stream);
