@@ -66,7 +66,7 @@ run_on_gpu() {
       "$BUNDLE/qspec" bench --model "$dir" --backend cuda --prefill "${QSPEC_BENCH_PREFILL:-64,2048,8192}" \
         --out "$OUT/records"; } 2>&1 | tee -a "$OUT/steps.log" || model_status=$?
   done
-  # The W4A16 target without BF16 copies (--bf16-copies off: the W4A16 prefill kernel below 1,536 rows, the
+  # The W4A16 target without BF16 copies (--bf16-copies off: the W4A16 prefill kernel up to 2,048 rows, the
   # dequantization beyond), with the memory it saves.
   if [ -d "$STEP_TARGET" ]; then
     "$BUNDLE/qspec" bench --model "$STEP_TARGET" --backend cuda --bf16-copies off --prefill 64,128,2048 \

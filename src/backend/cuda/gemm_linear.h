@@ -27,11 +27,12 @@ class GemmLinear {
   static constexpr int64_t kDefaultSliceElements = int64_t{64} << 20;
   // Below this many rows of x, W4A16 weights without a BF16 copy go to their own tensor-core kernel
   // (launch_w4a16_gemm) instead of being dequantized for cuBLAS. On the H200 (qspec_cuda_bench
-  // prefill-linears, the 4B's four body shapes together, wgmma) the kernel takes 0.34x the time of
-  // dequantize + cuBLAS at 64 rows, 0.48x at 128, 0.86x at 512, 0.95x at 1,024 and 1.09x at 2,048; cuBLAS on
-  // a kept copy takes 1.05x the kernel's time at 64 rows and 0.8x at 128, so a copy, where there is one, is
+  // prefill-linears, the 4B's four body shapes together, wgmma, 256-row blocks from 129 rows) the kernel
+  // takes 0.34x the time of dequantize + cuBLAS at 64 rows, 0.48x at 128, 0.61x at 256, 0.82x at 512 and
+  // 1,024 and 0.96x at 2,048 (the default prefill chunk; longer calls are not measured); cuBLAS on a kept
+  // copy takes 1.06x the kernel's time at 64 rows and 0.69-0.88x from 128, so a copy, where there is one, is
   // used instead.
-  static constexpr int64_t kW4a16MaxRows = 1536;
+  static constexpr int64_t kW4a16MaxRows = 2049;
   // max_slice_elements: at most this many dequantized values at a time (a smaller bound tests the slicing);
   // w4a16_max_rows: calls with fewer rows of x take the W4A16 kernel (0: never; benchmarks compare the
   // paths).
