@@ -3,7 +3,9 @@
 // split prefills).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "backend/cpu/gated_delta_rule.h"
@@ -330,18 +332,21 @@ TEST(CpuGdnReplay, RecordHoldsKeysDecaysAndDeltas) {
                             true);
   Reference replayed = cpu_test::reference_of(p.state);
   double worst_key = 0, worst_decay = 0;
+  const auto worse = [](double worst, double error) {  // NaN (an entry never written) counts as infinite
+    return std::isnan(error) ? std::numeric_limits<double>::infinity() : std::max(worst, error);
+  };
   for (int64_t t = 0; t < p.tokens(); ++t) {
     for (int kh = 0; kh < nk; ++kh) {
       double norm = 0;
       for (int i = 0; i < dk; ++i) norm += std::pow(p.qkv.get(t, int64_t{nk} * dk + kh * dk + i), 2);
       for (int i = 0; i < dk; ++i) {
         const double expected = p.qkv.get(t, int64_t{nk} * dk + kh * dk + i) / std::sqrt(norm + 1e-6);
-        worst_key = std::max(worst_key, std::abs(record.keys.get(t, kh * dk + i) - expected));
+        worst_key = worse(worst_key, std::abs(record.keys.get(t, kh * dk + i) - expected));
       }
     }
     for (int h = 0; h < nv; ++h) {
       const double decay = record.decays.get(t, h);
-      worst_decay = std::max(worst_decay, std::abs(decay - std::exp(p.g.get(t, h))));
+      worst_decay = worse(worst_decay, std::abs(decay - std::exp(p.g.get(t, h))));
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) {
           double& s = replayed.at(h * dk + i, j);
@@ -406,6 +411,31 @@ TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
                                   GdnStateUpdate(record.rows(17)));
       },
       {"gated_delta_rule", "replay record of 17 rows", "at most 16"});
+}
+
+// A replay record of other rows than qkv's, a partial one, and one sharing memory with the output are
+// refused before anything runs, naming the record's tensor; the state stays as it was.
+TEST(CpuGdnReplay, RefusesBadRecords) {
+  std::mt19937 rng(37);
+  auto backend = make_cpu_backend();
+  const GdnProblem p(rng, kGroupedShape, 4);
+  TestTensor out(DType::F32, 4, p.out_cols()), state = p.state_copy();
+  const GdnRecord record(kGroupedShape, 4);
+  auto verify = [&](const GdnReplayRows& rows) {
+    backend->gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(), p.shape,
+                              GdnStateUpdate(rows));
+  };
+  GdnReplayRows short_deltas = record.rows(4);
+  short_deltas.deltas = record.deltas.view().rows_view(0, 3);
+  cpu_test::expect_error([&] { verify(short_deltas); },
+                         {"gated_delta_rule", "replay.deltas", "[3, 64]", "[4, 64]"});
+  GdnReplayRows no_keys = record.rows(4);
+  no_keys.keys = Tensor{};
+  cpu_test::expect_error([&] { verify(no_keys); }, {"gated_delta_rule", "replay.keys"});
+  GdnReplayRows into_out = record.rows(4);
+  into_out.deltas = out.view();
+  cpu_test::expect_error([&] { verify(into_out); }, {"gated_delta_rule", "replay.deltas overlaps out"});
+  EXPECT_EQ(cpu_test::relative_max_error(state, cpu_test::reference_of(p.state)), 0.0);
 }
 
 // A count of rows in a tensor (as the model's recorded replays take it) accepts that prefix of the layer's

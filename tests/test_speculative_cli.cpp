@@ -72,6 +72,14 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
   dir.write("negative.json", "[1, -2]");
   dir.write("too_large.json", "[1, 256]");
   dir.write("object.json", "{\"drafts\": [1]}");
+  dir.write("oracle.json", "[1, 2, 3]");
+  // The drafter with a block of 17 rows: more than a verify step takes.
+  const std::filesystem::path wide_block = dir.path() / "wide-block-drafter";
+  std::filesystem::copy(kDrafter, wide_block);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(wide_block / "config.json"));
+  config["block_size"] = 17;
+  std::filesystem::remove(wide_block / "config.json");
+  std::ofstream(wide_block / "config.json") << config.dump();
   struct Case {
     std::string flags;
     std::string message;
@@ -79,6 +87,9 @@ TEST(SpeculativeCli, BadInputExitsWithOneAndNamesTheCause) {
   const std::vector<Case> cases = {
       {"--draft-model " + kOtherDrafter, "hidden_size 32 differs from the target's 128"},
       {"--draft-model " + kDrafter + " --spec-tokens 16", "--spec-tokens: 16 drafts do not fit"},
+      {"--draft-model " + wide_block.string(), "block_size 17 is above the 16 rows a verify step"},
+      {"--draft-oracle " + (dir.path() / "oracle.json").string() + " --spec-tokens 16",
+       "--spec-tokens: 16 drafts, expected at most 15"},
       {"--draft-model " + dir.str(), "config.json"},
       {"--draft-oracle " + (dir.path() / "not_json.json").string(), "invalid JSON"},
       {"--draft-oracle " + (dir.path() / "negative.json").string(), "element 1 is -2"},

@@ -414,7 +414,8 @@ void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tenso
     outputs.insert(outputs.end(), {{"replay.keys", &replay.keys},
                                    {"replay.decays", &replay.decays},
                                    {"replay.deltas", &replay.deltas}});
-  const std::pair<std::string_view, const Tensor*> inputs[] = {{"qkvz", &qkvz}, {"x", &x}};
+  const std::pair<std::string_view, const Tensor*> inputs[] = {
+      {"qkvz", &qkvz}, {"x", &x}, {"conv_state", &conv_state}};
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (size_t j = i + 1; j < outputs.size(); ++j)
       if (outputs[i].second->overlaps(*outputs[j].second))

@@ -80,8 +80,9 @@ void check_gdn_gates_args(const Tensor& beta, const Tensor& g, const Tensor& b, 
 void check_gdn_gates_linear_args(const Tensor& beta, const Tensor& g, const Tensor& x,
                                  const LinearWeight& w_b, const LinearWeight& w_a, const Tensor& a_log,
                                  const Tensor& dt_bias);
-// gated_delta_rule: a valid GdnShape; then the tensors against it; a replay record F32 of the rows' shapes,
-// T <= kGdnReplayMaxRows, its tensors apart from each other and from out and state.
+// gated_delta_rule: a valid GdnShape; then the tensors against it; a replay record whole (keys, decays and
+// deltas), F32 of the rows' shapes, T <= kGdnReplayMaxRows, its tensors apart from each other and from the
+// op's other tensors.
 void check_gdn_shape(const GdnShape& shape);
 void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Tensor& beta, const Tensor& g,
                                  const Tensor& state, const GdnShape& shape, const GdnStateUpdate& update);
@@ -100,8 +101,8 @@ void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tenso
                                  const GdnMixerWeights& w, const GdnShape& shape,
                                  const GdnStateUpdate& update);
 // gdn_commit: a valid GdnShape; then per layer the tensors against it, every layer with the same T (at most
-// kGdnReplayMaxRows); rows
-// empty or I32 [1, 1] (its value is the backend's to check: it may be on the device).
+// kGdnReplayMaxRows); rows empty or I32 [1, 1] (its value is the backend's to check: it may be on the
+// device).
 void check_gdn_commit_args(std::span<const GdnCommitLayer> layers, const GdnShape& shape, const Tensor& rows);
 // argmax: logits F32 [rows, V] with 1 <= V <= INT32_MAX (ids are I32), out_ids I32 [rows, 1].
 void check_argmax_args(const Tensor& out_ids, const Tensor& logits);

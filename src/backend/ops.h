@@ -63,7 +63,8 @@ struct GdnReplayRows {
   Tensor decays;  // [T, nv]
   Tensor deltas;  // [T, nv * dv]
 
-  bool empty() const { return keys.empty(); }
+  // No record: none of the three given (a partial one is refused by the ops' checks).
+  bool empty() const { return keys.empty() && decays.empty() && deltas.empty(); }
 };
 
 // What a GDN op does with a layer's states: advance them past its rows (prefill, decode), or only read them,
@@ -265,7 +266,8 @@ class Backend {
   // conv_out, gdn_gates_linear of x into beta and g, gated_delta_rule into core, then gated_rmsnorm of core
   // with z (qkvz's last nv*dv columns) into out; `update` as conv1d_silu (advance) and gated_delta_rule take
   // it. The default composes the four ops; CUDA runs a decode or verify step's as two kernels (core: their
-  // scratch). The outputs (out, conv_out, beta, g, core) overlap neither each other nor qkvz or x.
+  // scratch). The outputs (out, conv_out, beta, g, core, update's replay record) overlap neither each other
+  // nor qkvz, x or the conv state.
   virtual void gdn_mixer(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
                          const Tensor& core, const Tensor& qkvz, const Tensor& x, const Tensor& conv_state,
                          const Tensor& recurrent_state, const GdnMixerWeights& w, const GdnShape& shape,

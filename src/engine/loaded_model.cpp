@@ -33,6 +33,10 @@ LoadedDrafter LoadedDrafter::open(const std::string& dir, const LoadedModel& tar
                                   const std::string& target_dir, DraftHead head) {
   LoadedDrafter loaded;
   DFlashConfig config = DFlashConfig::load(dir);
+  // Its block is a verify step's rows, which the target's GDN replay takes up to kGdnReplayMaxRows.
+  if (config.block_size > kGdnReplayMaxRows)
+    fail("{}: block_size {} is above the {} rows a verify step of the target takes", config.source,
+         config.block_size, kGdnReplayMaxRows);
   loaded.store = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
   loaded.model =
       std::make_unique<DFlashModel>(std::move(config), *loaded.store, *target.model, target_dir, head);

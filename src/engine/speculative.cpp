@@ -55,7 +55,15 @@ Verdict verify_sampled(Sampler& sampler, const std::vector<float>& logits, size_
 int drafts_per_step(const DFlashModel* drafter, const SpeculativeOptions& spec) {
   if (spec.spec_tokens < 0) fail("--spec-tokens: expected >= 1, got {}", spec.spec_tokens);
   if (spec.draft_window < 0) fail("--draft-window: expected >= 0, got {}", spec.draft_window);
-  if (!drafter) return spec.spec_tokens > 0 ? spec.spec_tokens : kDefaultSpecTokens;
+  if (!drafter) {
+    // A verify step takes the bonus token and the drafts: at most kGdnReplayMaxRows rows (the GDN replay);
+    // a drafter's block is held to it when it loads.
+    constexpr int kMaxDrafts = int{kGdnReplayMaxRows} - 1;
+    if (spec.spec_tokens > kMaxDrafts)
+      fail("--spec-tokens: {} drafts, expected at most {} (a verify step takes at most {} rows)",
+           spec.spec_tokens, kMaxDrafts, kGdnReplayMaxRows);
+    return spec.spec_tokens > 0 ? spec.spec_tokens : kDefaultSpecTokens;
+  }
   const DFlashConfig& c = drafter->config();
   if (spec.spec_tokens > c.block_size - 1)
     fail("--spec-tokens: {} drafts do not fit the drafter's block of {} ({}): at most {}", spec.spec_tokens,

@@ -104,11 +104,12 @@ class Qwen35Model {
   // Feeds `tokens` at positions state.n_past.. and advances the state (unless options.advance is false).
   ForwardOutput forward(Qwen35State& state, std::span<const int32_t> tokens, const ForwardOptions& options);
 
-  // Accepts the first `rows` tokens of the pending verify step (forward with advance = false): replays them
-  // through every GDN layer's conv and recurrence from the untouched pre-verify state, with the same
-  // per-token arithmetic as a plain step, and advances n_past by `rows`. The rest of the verify step is
-  // dropped. The replay runs beside the ops issued after it (Backend::beside) until this model's next
-  // forward or reset, or a read of the backend: ops in between must not touch the state.
+  // Accepts the first `rows` tokens of the pending verify step (forward with advance = false): advances every
+  // GDN layer's conv state and, by the replay of the verify step's record (GdnReplayRows), its recurrent
+  // state from the untouched pre-verify state to what plain steps make, and advances n_past by `rows`. The
+  // rest of the verify step is dropped. The replay runs beside the ops issued after it (Backend::beside)
+  // until this model's next forward or reset, or a read of the backend: ops in between must not touch the
+  // state.
   void commit(Qwen35State& state, int rows);
 
   const Qwen35Weights& weights() const { return weights_; }

@@ -1717,8 +1717,8 @@ struct RecordPair {
   }
 };
 
-// Every CUDA path against the CPU op: the recurrence (T < cuda::kGdnChunkedMinTokens = 64: decode, verify,
-// replay) and the chunked kernels (T >= 64; T = 3000 crosses the 2,048-token workspace segment), on the 4B
+// Every CUDA path against the CPU op: the recurrence (T < cuda::kGdnChunkedMinTokens = 64: decode, verify)
+// and the chunked kernels (T >= 64; T = 3000 crosses the 2,048-token workspace segment), on the 4B
 // shape and on small ones with nk != nv and dk != dv (padded head dims). The CPU op is recurrent up to 16
 // tokens, chunked beyond: where both sides run the recurrence the tolerance is kRecurrentGdnTolerance, else
 // kChunkedGdnTolerance (the same math in another form; the CUDA chunked products are split BF16) up to

@@ -78,8 +78,7 @@ void add_key_delta(std::vector<float>& s, const float* k, const float* delta, in
     for (int64_t j = 0; j < dv; ++j) s[i * dv + j] += k[i] * delta[j];
 }
 
-// An empty `out`: the state update alone. A replay record gets the head's decays and deltas, and its keys
-// from the key head's first value head.
+// A replay record gets the head's decays and deltas, and its keys from the key head's first value head.
 void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor& out, int head,
                     const GdnReplayRows& replay, int heads_per_key) {
   const int64_t dk = in.dk, dv = in.dv;
@@ -93,7 +92,7 @@ void recurrent_head(const HeadSequence& in, std::vector<float>& s, const Tensor&
     vector_matrix(k, s.data(), dk, dv, prediction.data());
     for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - prediction[j]) * in.beta[t];
     add_key_delta(s, k, delta.data(), dk, dv);
-    if (!out.empty()) vector_matrix(q, s.data(), dk, dv, out.row<float>(t) + head * dv);
+    vector_matrix(q, s.data(), dk, dv, out.row<float>(t) + head * dv);
     if (!replay.empty()) {
       replay.decays.row<float>(t)[head] = decay;
       std::copy_n(delta.data(), dv, replay.deltas.row<float>(t) + head * dv);
@@ -176,8 +175,6 @@ void chunked_head(const HeadSequence& in, std::vector<float>& s, const Tensor& o
   }
 }
 
-// Runs head_rule(inputs, state, out, head) for every value head, heads spread over threads; the state
-// is written back when update_state. Arguments checked by the caller.
 // Runs head_rule(head, state) for every value head, heads spread over threads; the state is written back
 // when `advance`.
 template <typename HeadRule>

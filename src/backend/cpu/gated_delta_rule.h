@@ -2,10 +2,10 @@
 // Backend::gated_delta_rule): the per-token recurrence, and HF's chunked algorithm
 // (torch_chunk_gated_delta_rule). Per value head h, with S[i_k][j_v] and per-token decay exp(g):
 //   S = exp(g) S ;  delta = beta (v - S^T k) ;  S += k delta^T ;  o = S^T q
-// The backend op uses the recurrence for T <= kGdnRecurrentMaxTokens and the chunked form beyond: decode, a
-// verify block and the replay of its accepted prefix then give bitwise the rows and states of single-token
-// decode (what lossless speculative decoding is tested against), and long prefills follow HF's chunked
-// prefill. Tests may call either form on any T (both update the state).
+// The backend op uses the recurrence for T <= kGdnRecurrentMaxTokens and the chunked form beyond: decode and
+// a verify block give bitwise the rows of single-token decode, and the replay of a verify block's record its
+// states (what lossless speculative decoding is tested against); long prefills follow HF's chunked prefill.
+// Tests may call either form on any T (both update the state).
 #pragma once
 
 #include <cstdint>

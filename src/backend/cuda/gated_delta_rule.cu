@@ -1,6 +1,6 @@
-// The gated delta rule, per token (the recurrence): decode, the 16-token verify and the replay of its
-// accepted prefix, i.e. every call shorter than kGdnChunkedMinTokens (longer ones:
-// gated_delta_rule_chunked.cu). Per value head h with state S [dk, dv] and decay exp(g):
+// The gated delta rule, per token (the recurrence): decode and the 16-token verify (which may keep the
+// replay record gdn_commit advances the state by), i.e. every call shorter than kGdnChunkedMinTokens (longer
+// ones: gated_delta_rule_chunked.cu). Per value head h with state S [dk, dv] and decay exp(g):
 //   S = exp(g) S ;  delta = beta (v - S^T k) ;  S += k delta^T ;  o = S^T q
 // with q, k L2-normalised (eps 1e-6) and q scaled by dk^-0.5.
 //
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
       const int i = row_group + kRowGroups * r;
-      s[r] += key[i] * delta;
+      s[r] = fmaf(key[i], delta, s[r]);  // the rounding gdn_commit's replay repeats
       output += query[i] * s[r];
     }
     output += __shfl_xor_sync(0xffffffffu, output, kColumns);

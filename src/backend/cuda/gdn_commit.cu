@@ -50,9 +50,11 @@ struct CommitDims {
 
 // A recurrent block's shared memory: the record's rows it reads, keys [rows][kSlabRows] (its slab's), deltas
 // [rows][dv] and decays [rows] (its head's).
-size_t staged_record_bytes(int64_t rows, int dv) {
+constexpr size_t staged_record_bytes(int64_t rows, int dv) {
   return static_cast<size_t>(rows * (kSlabRows + dv + 1)) * sizeof(float);
 }
+static_assert(staged_record_bytes(kGdnReplayMaxRows, kGdnCommitMaxValueDim) <= 48 * 1024,
+              "the largest record a block stages within the default shared memory of a launch");
 
 template <int kColumns>
 struct Columns {
@@ -94,8 +96,8 @@ __device__ inline void store_columns(float* p, const Columns<kColumns>& c, int v
 // once with the state's first loads (read from L2 inside the token loop, each row cost a round trip: 2.4 us
 // a token for 24 layers).
 template <int kColumns>
-__device__ void replay_slab(const CommitLayerArgs& layer, const CommitDims& d, int block, int64_t tokens,
-                            float* staged) {
+__device__ void replay_slab(const CommitLayerArgs& layer, const CommitDims& d, int block, int64_t tokens) {
+  extern __shared__ __align__(16) float staged[];  // staged_record_bytes; read as float4 (deltas)
   const int head = block / d.slabs, slab = block % d.slabs;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int key_head = head / (d.num_value_heads / d.num_key_heads);
@@ -171,7 +173,6 @@ template <int kColumns>
 __global__ void __launch_bounds__(kThreads)
     gdn_commit_kernel(CommitBatch batch, CommitDims dims, int recurrence_blocks, int64_t rows,
                       const int32_t* accepted_rows) {
-  extern __shared__ float staged[];
   wait_for_previous_kernel();
   allow_next_kernel();
   const CommitLayerArgs& layer = batch.layers[blockIdx.y];
@@ -180,21 +181,21 @@ __global__ void __launch_bounds__(kThreads)
   if (tokens == 0) return;
   const int block = static_cast<int>(blockIdx.x);
   if (block < recurrence_blocks) {
-    replay_slab<kColumns>(layer, dims, block, tokens, staged);
+    replay_slab<kColumns>(layer, dims, block, tokens);
     return;
   }
   const int64_t channel = static_cast<int64_t>(block - recurrence_blocks) * kThreads + threadIdx.x;
   if (channel < layer.channels) shift_conv_state(layer, channel, tokens);
 }
 
-// Whole 16-byte column quads of every layer's state and deltas: 16-byte aligned rows, dv a multiple of 4.
+// Whole 16-byte column quads of every layer's state (16-byte aligned rows) and of the staged deltas (dv a
+// multiple of 4).
 bool quads_fit(const GdnCommitLayer* layers, size_t count, int value_head_dim) {
-  const auto aligned = [](const Tensor& t) {
-    return t.stride % 4 == 0 && reinterpret_cast<uintptr_t>(t.ptr<const float>()) % 16 == 0;
-  };
   if (value_head_dim % 4 != 0) return false;
-  for (size_t i = 0; i < count; ++i)
-    if (!aligned(layers[i].recurrent_state) || !aligned(layers[i].replay.deltas)) return false;
+  for (size_t i = 0; i < count; ++i) {
+    const Tensor& s = layers[i].recurrent_state;
+    if (s.stride % 4 != 0 || reinterpret_cast<uintptr_t>(s.ptr<const float>()) % 16 != 0) return false;
+  }
   return true;
 }
 

@@ -208,7 +208,7 @@ cudaError_t launch_gdn_gates_linear(const Tensor& beta, const Tensor& g, const T
                                     const Tensor& dt_bias, cudaStream_t stream);
 
 // Gated delta rule; the fp32 state is written back only when update.advance. Calls of fewer than
-// kGdnChunkedMinTokens tokens (decode, verify, replay) take the recurrence, whose per-token arithmetic does
+// kGdnChunkedMinTokens tokens (decode, verify) take the recurrence, whose per-token arithmetic does
 // not depend on T; longer ones the chunked form where it fits the device.
 inline constexpr int64_t kGdnChunkedMinTokens = 64;
 // The chunked form keeps split-BF16 operands (~2^-17 relative) for calls of up to two chunks, where that
