@@ -293,14 +293,17 @@ TEST(CpuGatedDeltaRule, SplitAcrossCallsEqualsAllAtOnce) {
   }
 }
 
-// A verify step's record of a problem's rows (GdnReplayRows), NaN until written.
+// A verify step's record of a problem's rows (GdnReplayRows), NaN until written; `pad` columns past each
+// row make strided views.
 struct GdnRecord {
   TestTensor keys, decays, deltas;
 
-  GdnRecord(const GdnShape& s, int64_t tokens)
-      : keys(DType::F32, tokens, int64_t{s.num_key_heads} * s.key_head_dim),
-        decays(DType::F32, tokens, s.num_value_heads),
-        deltas(DType::F32, tokens, int64_t{s.num_value_heads} * s.value_head_dim) {}
+  GdnRecord(const GdnShape& s, int64_t tokens, int64_t pad = 0)
+      : keys(DType::F32, tokens, int64_t{s.num_key_heads} * s.key_head_dim,
+             pad ? int64_t{s.num_key_heads} * s.key_head_dim + pad : 0),
+        decays(DType::F32, tokens, s.num_value_heads, pad ? s.num_value_heads + pad : 0),
+        deltas(DType::F32, tokens, int64_t{s.num_value_heads} * s.value_head_dim,
+               pad ? int64_t{s.num_value_heads} * s.value_head_dim + pad : 0) {}
 
   GdnReplayRows rows(int64_t count) const {
     return {keys.view().rows_view(0, count), decays.view().rows_view(0, count),
@@ -309,8 +312,8 @@ struct GdnRecord {
 };
 
 // The record gated_delta_rule keeps of p's rows without advancing p's state (checked unchanged).
-GdnRecord verify_record(Backend& backend, const GdnProblem& p) {
-  GdnRecord record(p.shape, p.tokens());
+GdnRecord verify_record(Backend& backend, const GdnProblem& p, int64_t pad = 0) {
+  GdnRecord record(p.shape, p.tokens(), pad);
   TestTensor out(DType::F32, p.tokens(), p.out_cols()), state = p.state_copy();
   backend.gated_delta_rule(out.view(), p.qkv.view(), p.beta.view(), p.g.view(), state.view(), p.shape,
                            GdnStateUpdate(record.rows(p.tokens())));
@@ -359,7 +362,8 @@ TEST(CpuGdnReplay, RecordHoldsKeysDecaysAndDeltas) {
   EXPECT_LE(cpu_test::relative_max_error(advanced, replayed), 1e-5);
 }
 
-// gdn_commit over two layers (strided conv inputs, as the model's pending rows are) equals, per layer,
+// gdn_commit over two layers (strided conv inputs, as the model's pending rows are; one layer's record
+// strided too) equals, per layer,
 // conv1d_silu and gated_delta_rule with update_state, bit for bit: the replay of the verify record makes the
 // recurrence's state. A record past a verify block (16 rows) is refused.
 TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
@@ -374,7 +378,7 @@ TEST(CpuGdnCommit, EqualsConvAndRecurrenceWithStateUpdate) {
     std::vector<GdnCommitLayer> layers;
     for (int64_t i = 0; i < kLayers; ++i) {
       const GdnProblem& p = problems.emplace_back(rng, kGroupedShape, tokens);
-      records.push_back(verify_record(*backend, p));
+      records.push_back(verify_record(*backend, p, i % 2 == 1 ? 3 : 0));  // layer 1: strided record rows
       const int64_t channels = p.qkv.cols();
       conv_inputs.push_back(cpu_test::random_tensor(rng, DType::F32, tokens, channels, -1, 1, channels + 5));
       conv_weights.push_back(cpu_test::random_tensor(rng, DType::F32, channels, kKernel, -0.5, 0.5));
@@ -439,7 +443,8 @@ TEST(CpuGdnReplay, RefusesBadRecords) {
 }
 
 // A count of rows in a tensor (as the model's recorded replays take it) accepts that prefix of the layer's
-// rows: the states equal those of a commit given only those rows, bit for bit, at every count 0..T. A count
+// rows: the states equal those of a commit given only those rows, and the recurrence's over only those rows,
+// bit for bit, at every count 0..T. A count
 // outside [0, T] or a count tensor of another shape is refused before any state changes.
 TEST(CpuGdnCommit, RowCountAcceptsAPrefix) {
   std::mt19937 rng(36);
@@ -473,6 +478,14 @@ TEST(CpuGdnCommit, RowCountAcceptsAPrefix) {
     if (rows > 0) {
       EXPECT_GT(cpu_test::relative_max_error(counted, cpu_test::reference_of(p.state_copy())), 0.0);
     }
+    // The prefix of the record advances the state as the recurrence over those rows alone does.
+    TestTensor advanced = p.state_copy();
+    if (rows > 0) {
+      TestTensor out(DType::F32, rows, p.out_cols());
+      backend->gated_delta_rule(out.view(), p.qkv_rows(0, rows), p.beta_rows(0, rows), p.g_rows(0, rows),
+                                advanced.view(), p.shape, true);
+    }
+    EXPECT_EQ(cpu_test::relative_max_error(counted, cpu_test::reference_of(advanced)), 0.0);
   }
   TestTensor conv = copy_of(conv_state), state = p.state_copy();
   const GdnCommitLayer layer = layer_of(conv, state, kTokens);
