@@ -1826,6 +1826,30 @@ TEST(CudaOps, GatedDeltaRuleWithoutStateUpdate) {
   }
 }
 
+// A replay record of value heads wider than the CUDA commit stages (kGdnCommitMaxValueDim) is refused by the
+// verify step that would write it, naming the limit, before anything runs.
+TEST(CudaOps, GatedDeltaRuleRefusesARecordTheCommitCannotTake) {
+  std::mt19937 rng(21);
+  auto& b = backends();
+  const GdnShape shape{1, 1, 16, cuda::kGdnCommitMaxValueDim + 8};
+  const GdnCase in(rng, shape, 2);
+  const RecordPair record(shape, 2);
+  TensorPair state = in.fresh_state(), out = b.poisoned(2, in.out_cols());
+  try {
+    b.gpu().gated_delta_rule(out.gpu(), in.qkv.gpu(), in.beta.gpu(), in.g.gpu(), state.gpu(), shape,
+                             GdnStateUpdate(record.side(true, 2)));
+    FAIL() << "a record of value_head_dim " << shape.value_head_dim << " was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("replay record with value_head_dim {}, above the CUDA "
+                                                     "commit's {}",
+                                                     shape.value_head_dim, cuda::kGdnCommitMaxValueDim)),
+              std::string::npos)
+        << e.what();
+  }
+  expect_close("gated_delta_rule", "refused record: the state is untouched", b.read_gpu(state.gpu()),
+               in.initial_state, kExact);
+}
+
 // Replaying accepted tokens must rebuild the state of the verify bit for bit: tokens in one call equal the
 // same tokens fed in calls of 1, of 3 + 13, and (40 tokens: other places in the kernel's 16-token stages) of
 // 17 + 23 (rows and final state); on the 4B shape, a padded one and one of the general kernel.

@@ -453,6 +453,9 @@ class CudaBackend final : public Backend {
     const auto& [nk, nv, dk, dv] = shape;
     check_gdn_shape(shape);
     check_gated_delta_rule_args(out, qkv, beta, g, state, shape, update);
+    if (!update.replay.empty() && dv > kGdnCommitMaxValueDim)  // refused here, not at the commit after it
+      fail("gated_delta_rule: a replay record with value_head_dim {}, above the CUDA commit's {}", dv,
+           kGdnCommitMaxValueDim);
     if (qkv.rows >= kGdnChunkedMinTokens && gated_delta_rule_chunked_fits(dk, dv, max_shared_bytes_)) {
       const size_t bytes = gated_delta_rule_chunked_workspace_bytes(qkv.rows, nv, dk, dv);
       // Grows rarely (the first prefill of a longer prompt); cudaFree of the old one waits for its users.
