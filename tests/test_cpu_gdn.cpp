@@ -306,8 +306,7 @@ struct GdnRecord {
                pad ? int64_t{s.num_value_heads} * s.value_head_dim + pad : 0) {}
 
   GdnReplayRows rows(int64_t count) const {
-    return {keys.view().rows_view(0, count), decays.view().rows_view(0, count),
-            deltas.view().rows_view(0, count)};
+    return GdnReplayRows{keys.view(), decays.view(), deltas.view()}.rows_view(0, count);
   }
 };
 

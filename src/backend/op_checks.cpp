@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -340,6 +341,24 @@ void check_gdn_shape(const GdnShape& shape) {
 
 namespace {
 
+using NamedTensor = std::pair<std::string_view, const Tensor*>;
+
+// Tensors a kernel writes while it reads others (CUDA does both at once): no two outputs share bytes, nor an
+// output with one of `others` (named others_label + name).
+void require_apart(std::string_view op, std::span<const NamedTensor> outputs,
+                   std::span<const NamedTensor> others, std::string_view others_label) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j)
+      if (outputs[i].second->overlaps(*outputs[j].second))
+        fail("{}: {} and {} overlap (each output needs its own memory)", op, outputs[i].first,
+             outputs[j].first);
+    for (const auto& [name, other] : others)
+      if (outputs[i].second->overlaps(*other))
+        fail("{}: {} overlaps {}{} (the outputs need their own memory)", op, outputs[i].first, others_label,
+             name);
+  }
+}
+
 // A replay record's tensors: F32 rows of the layer's keys, decays and value columns, `tokens` of each.
 void check_gdn_replay_rows(std::string_view op, std::string_view name, const GdnReplayRows& replay,
                            const GdnShape& shape, int64_t tokens) {
@@ -375,18 +394,12 @@ void check_gated_delta_rule_args(const Tensor& out, const Tensor& qkv, const Ten
     fail("{}: a replay record of {} rows, expected at most {} (a verify block)", op, tokens,
          kGdnReplayMaxRows);
   check_gdn_replay_rows(op, "replay", update.replay, shape, tokens);
-  const std::pair<std::string_view, const Tensor*> record[] = {{"replay.keys", &update.replay.keys},
-                                                               {"replay.decays", &update.replay.decays},
-                                                               {"replay.deltas", &update.replay.deltas}};
-  const std::pair<std::string_view, const Tensor*> operands[] = {
+  const NamedTensor record[] = {{"replay.keys", &update.replay.keys},
+                                {"replay.decays", &update.replay.decays},
+                                {"replay.deltas", &update.replay.deltas}};
+  const NamedTensor operands[] = {
       {"out", &out}, {"state", &state}, {"qkv", &qkv}, {"beta", &beta}, {"g", &g}};
-  for (size_t i = 0; i < std::size(record); ++i) {
-    for (size_t j = i + 1; j < std::size(record); ++j)
-      if (record[i].second->overlaps(*record[j].second))
-        fail("{}: {} and {} overlap (each needs its own memory)", op, record[i].first, record[j].first);
-    for (const auto& [name, other] : operands)
-      if (record[i].second->overlaps(*other)) fail("{}: {} overlaps {}", op, record[i].first, name);
-  }
+  require_apart(op, record, operands, "");
 }
 
 void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tensor& beta, const Tensor& g,
@@ -408,23 +421,14 @@ void check_gdn_mixer_args(const Tensor& out, const Tensor& conv_out, const Tenso
   check_norm_gate_args(z, core);
   // Its kernels write every output while they read the inputs (CUDA), so none may share bytes.
   const GdnReplayRows& replay = update.replay;
-  std::vector<std::pair<std::string_view, const Tensor*>> outputs = {
+  std::vector<NamedTensor> outputs = {
       {"out", &out}, {"conv_out", &conv_out}, {"beta", &beta}, {"g", &g}, {"core", &core}};
   if (!replay.empty())
     outputs.insert(outputs.end(), {{"replay.keys", &replay.keys},
                                    {"replay.decays", &replay.decays},
                                    {"replay.deltas", &replay.deltas}});
-  const std::pair<std::string_view, const Tensor*> inputs[] = {
-      {"qkvz", &qkvz}, {"x", &x}, {"conv_state", &conv_state}};
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (size_t j = i + 1; j < outputs.size(); ++j)
-      if (outputs[i].second->overlaps(*outputs[j].second))
-        fail("{}: {} and {} overlap (each output needs its own memory)", op, outputs[i].first,
-             outputs[j].first);
-    for (const auto& [name, input] : inputs)
-      if (outputs[i].second->overlaps(*input))
-        fail("{}: {} overlaps the input {} (the outputs need their own memory)", op, outputs[i].first, name);
-  }
+  const NamedTensor inputs[] = {{"qkvz", &qkvz}, {"x", &x}, {"conv_state", &conv_state}};
+  require_apart(op, outputs, inputs, "the input ");
 }
 
 void check_gdn_mixer_linear_args(const LinearProjection& projection, const Tensor& gated,

@@ -65,6 +65,10 @@ struct GdnReplayRows {
 
   // No record: none of the three given (a partial one is refused by the ops' checks).
   bool empty() const { return keys.empty() && decays.empty() && deltas.empty(); }
+  // Rows [first, first + count) of each, as Tensor::rows_view.
+  GdnReplayRows rows_view(int64_t first, int64_t count) const {
+    return {keys.rows_view(first, count), decays.rows_view(first, count), deltas.rows_view(first, count)};
+  }
 };
 
 // What a GDN op does with a layer's states: advance them past its rows (prefill, decode), or only read them,

@@ -1707,8 +1707,8 @@ struct RecordPair {
         deltas(random_pair(rng, tokens, int64_t{s.num_value_heads} * s.value_head_dim, -1.0f, 1.0f)) {}
 
   GdnReplayRows side(bool gpu, int64_t count) const {
-    auto rows = [&](const TensorPair& t) { return (gpu ? t.gpu() : t.cpu()).rows_view(0, count); };
-    return {rows(keys), rows(decays), rows(deltas)};
+    auto of = [gpu](const TensorPair& t) { return gpu ? t.gpu() : t.cpu(); };
+    return GdnReplayRows{of(keys), of(decays), of(deltas)}.rows_view(0, count);
   }
 
  private:

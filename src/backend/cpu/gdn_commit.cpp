@@ -37,10 +37,7 @@ void CpuBackend::gdn_commit(std::span<const GdnCommitLayer> layers, const GdnSha
     fail("gdn_commit: rows[0] is {}, expected 0 to {} (the layers' rows)", accepted, tokens);
   for (const GdnCommitLayer& layer : layers) {
     advance_conv_state(layer.conv_state, layer.conv_input.rows_view(0, accepted));
-    const GdnReplayRows& r = layer.replay;
-    replay_gated_delta_rule(
-        {r.keys.rows_view(0, accepted), r.decays.rows_view(0, accepted), r.deltas.rows_view(0, accepted)},
-        layer.recurrent_state, shape);
+    replay_gated_delta_rule(layer.replay.rows_view(0, accepted), layer.recurrent_state, shape);
   }
 }
 

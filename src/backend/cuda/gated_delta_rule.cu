@@ -122,9 +122,7 @@ __global__ void __launch_bounds__(kThreads)
     if (t + 1 < tokens) load_token(t + 1);
     __syncthreads();
     if (replay.keys != nullptr) {
-      if (records_keys)
-        for (int i = tid; i < dk; i += kThreads)
-          replay.keys[t * replay.keys_stride + int64_t{key_head} * dk + i] = key[i];
+      if (records_keys) gdn::record_keys(replay, key, 0, t, 1, key_head, dk);  // this token's staged keys
       if (first_block && tid == 0) replay.decays[t * replay.decays_stride + head] = decay;
     }
 
