@@ -155,18 +155,19 @@ record() {
   ls bench/results | grep "$stamp"
 }
 
-# Several bundles in one archive (they share libraries; three are ~28 MB together, under the 64 MiB carry).
+# Several bundles in one archive, xz -9 (two bundles of stripped programs ~5.4 MB, sharing the dictionary; the carry limit
+# is 64 MiB with the tracked files, ~53 MB).
 archive() {
   [ "$#" -gt 0 ] || { echo "usage: scripts/gpu.sh archive BUNDLE_DIR..." >&2; exit 2; }
   local names=()
   for dir in "$@"; do names+=("$(basename "$dir")"); done
-  tar czf "$BUILD/bundles.tgz" -C "$BUILD" "${names[@]}"
+  tar cf - -C "$BUILD" "${names[@]}" | xz -9e -T0 >"$BUILD/bundles.tgz"  # -9: one dictionary spans the bundles
   du -sh "$BUILD/bundles.tgz"
 }
 
 # The bundles in build-cuda/bundles.tgz (the folders holding a COMMIT), one name a line.
 archived_bundles() {
-  tar tzf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p'
+  tar tf "$BUILD/bundles.tgz" | sed -n 's|/COMMIT$||p'
 }
 
 # Every archived bundle on the library path (they are built alike): a slim bundle finds its libraries in
@@ -217,13 +218,15 @@ ab_tests() {
 }
 
 # The current bundle's step times of round $2 logged as $1, under the environment assignments after them.
-# QSPEC_AB_E2E=1,16 (acceptance lengths) adds the end-to-end protocol's short category (3 timed requests),
+# QSPEC_AB_E2E=1,16 (acceptance lengths) adds the end-to-end protocol (3 timed requests; the short category, or
+# the prompt lengths in QSPEC_AB_E2E_PROMPTS, e.g. 64,2048),
 # where a verify step follows a commit (the bench's steps do not).
 ab_steps() {
   local log=$1 round=$2
   shift 2
   local e2e=()
-  [ -n "${QSPEC_AB_E2E:-}" ] && e2e=(--e2e --e2e-prompts 64 --acceptance "$QSPEC_AB_E2E" --e2e-runs 3)
+  [ -n "${QSPEC_AB_E2E:-}" ] &&
+    e2e=(--e2e --e2e-prompts "${QSPEC_AB_E2E_PROMPTS:-64}" --acceptance "$QSPEC_AB_E2E" --e2e-runs 3)
   env "$@" "$bundle/qspec" bench --model "$STEP_TARGET" --backend cuda --draft-model "$STEP_DRAFTER" \
     --prefill "${QSPEC_AB_PREFILL:-64,2048}" "${e2e[@]}" --out "$work/$log-records" \
     >"$work/$log-round$round-steps.log" 2>&1 || echo "$log: qspec bench failed"
@@ -240,7 +243,7 @@ ab_steps() {
 # their GPU tests run too.
 ab() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
-  tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
+  tar xf "$BUILD/bundles.tgz" -C "$BUILD"
   local work=/tmp/ab
   rm -rf "$work"  # an earlier call on the same machine must not add its logs to this one
   mkdir -p "$work"
@@ -291,7 +294,7 @@ ab() {
 # go to $OUT/graphs-BUNDLE.jsonl, the summaries to stdout.
 graphs() {
   : "${OUT:?OUT must name the folder for results (set by the device tool)}"
-  tar xzf "$BUILD/bundles.tgz" -C "$BUILD"
+  tar xf "$BUILD/bundles.tgz" -C "$BUILD"
   local bundles  # QSPEC_GRAPH_BUNDLES: some of them (names in the archive)
   bundles=${QSPEC_GRAPH_BUNDLES:-$(archived_bundles)}
   export_bundle_libraries
