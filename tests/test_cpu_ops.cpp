@@ -340,6 +340,70 @@ TEST(CpuAttentionPrologue, KeysAndValuesOnly) {
       {"attention_prologue", "-2 query heads"});
 }
 
+// attention_prologues over three layers of stacked context rows equals attention_prologue a layer at a time;
+// a layer of other rows, layers sharing a cache and a bad layer are refused, naming the layers, before any
+// layer runs.
+TEST(CpuAttentionPrologue, LayersTogetherEqualOneByOne) {
+  std::mt19937 rng(32);
+  auto backend = make_cpu_backend();
+  const int kv_heads = 2, dim = 16, tokens = 3, layer_count = 3;
+  const int64_t kv_cols = kv_heads * dim;
+  const AttentionPrologueShape shape{0, kv_heads, dim, dim, 1e4, 1e-6f, false};
+  TestTensor positions(DType::I32, tokens, 1);
+  for (int t = 0; t < tokens; ++t) positions.view().row<int32_t>(t)[0] = 2 + t;
+  const TestTensor rows = cpu_test::random_tensor(rng, DType::F32, tokens, layer_count * 2 * kv_cols, -2, 2);
+  std::vector<TestTensor> norms, caches;
+  for (int i = 0; i < layer_count; ++i) {
+    norms.push_back(cpu_test::random_tensor(rng, DType::BF16, 1, dim, -0.5, 0.5));
+    caches.push_back(cpu_test::random_tensor(rng, DType::F32, 8, kv_cols));
+    caches.push_back(cpu_test::random_tensor(rng, DType::F32, 8, kv_cols));
+  }
+  auto copies = [&] {
+    std::vector<TestTensor> out;
+    for (const TestTensor& t : caches) {
+      out.emplace_back(DType::F32, t.rows(), t.cols());
+      backend->copy(out.back().view(), t.view());
+    }
+    out.emplace_back(DType::F32, tokens, layer_count * 2 * kv_cols);
+    backend->copy(out.back().view(), rows.view());
+    return out;
+  };
+  auto layers_of = [&](const std::vector<TestTensor>& t) {
+    std::vector<AttentionPrologueLayer> layers;
+    for (int i = 0; i < layer_count; ++i)
+      layers.push_back({Tensor{}, Tensor{}, t.back().view().cols_view(i * 2 * kv_cols, 2 * kv_cols), Tensor{},
+                        norms[size_t(i)].view(), t[size_t(2 * i)].view(), t[size_t(2 * i + 1)].view()});
+    return layers;
+  };
+  std::vector<TestTensor> together = copies(), one_by_one = copies();
+  backend->attention_prologues(layers_of(together), positions.view(), shape);
+  for (const AttentionPrologueLayer& l : layers_of(one_by_one))
+    backend->attention_prologue(l.query, l.gate, l.qkv, l.q_norm, l.k_norm, l.k_cache, l.v_cache,
+                                positions.view(), shape);
+  for (size_t i = 0; i < together.size(); ++i) {
+    EXPECT_EQ(cpu_test::relative_max_error(together[i], cpu_test::reference_of(one_by_one[i])), 0.0) << i;
+    if (i < caches.size()) {
+      EXPECT_GT(cpu_test::relative_max_error(together[i], cpu_test::reference_of(caches[i])), 0.0) << i;
+    }
+  }
+
+  std::vector<TestTensor> untouched = copies();
+  std::vector<AttentionPrologueLayer> shared_cache = layers_of(untouched);
+  shared_cache[2].v_cache = shared_cache[0].k_cache;
+  cpu_test::expect_error([&] { backend->attention_prologues(shared_cache, positions.view(), shape); },
+                         {"attention_prologues", "layers[0] and layers[2] share memory"});
+  std::vector<AttentionPrologueLayer> short_layer = layers_of(untouched);
+  short_layer[1].qkv = short_layer[1].qkv.rows_view(0, 2);
+  cpu_test::expect_error([&] { backend->attention_prologues(short_layer, positions.view(), shape); },
+                         {"attention_prologues", "layers[1]"});
+  std::vector<AttentionPrologueLayer> narrow_norm = layers_of(untouched);
+  narrow_norm[2].k_norm = narrow_norm[2].k_norm.cols_view(0, dim - 1);
+  cpu_test::expect_error([&] { backend->attention_prologues(narrow_norm, positions.view(), shape); },
+                         {"attention_prologues", "layers[2]", "k_norm"});
+  for (size_t i = 0; i < caches.size(); ++i)
+    EXPECT_EQ(cpu_test::relative_max_error(untouched[i], cpu_test::reference_of(caches[i])), 0.0) << i;
+}
+
 // Adjacent column views of one tensor give the whole back; views apart, of other strides or out of order
 // give an empty tensor; single rows side by side in memory are one row.
 TEST(TensorViews, ConcatenatedColumns) {

@@ -245,6 +245,34 @@ void check_attention_prologue_args(const Tensor& query, const Tensor& gate, cons
   if (!(shape.rope_theta > 0.0)) fail("{}: rope_theta must be positive, got {}", op, shape.rope_theta);
 }
 
+void check_attention_prologues_args(std::span<const AttentionPrologueLayer> layers, const Tensor& positions,
+                                    const AttentionPrologueShape& shape) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const AttentionPrologueLayer& l = layers[i];
+    try {
+      check_attention_prologue_args(l.query, l.gate, l.qkv, l.q_norm, l.k_norm, l.k_cache, l.v_cache,
+                                    positions, shape);
+    } catch (const Error& e) {
+      fail("attention_prologues: layers[{}]: {}", i, e.what());
+    }
+    if (l.qkv.rows != layers.front().qkv.rows)
+      fail("attention_prologues: layers[{}] has {} rows, layers[0] {}", i, l.qkv.rows,
+           layers.front().qkv.rows);
+  }
+  for (size_t i = 0; i < layers.size(); ++i)
+    for (size_t j = 0; j < layers.size(); ++j) {
+      if (i == j) continue;
+      const AttentionPrologueLayer &a = layers[i], &b = layers[j];
+      for (const Tensor* out : {&a.query, &a.gate, &a.k_cache, &a.v_cache})
+        for (const Tensor* other : {&b.query, &b.gate, &b.qkv, &b.q_norm, &b.k_norm, &b.k_cache, &b.v_cache})
+          if (!out->empty() && out->overlaps(*other))
+            fail(
+                "attention_prologues: layers[{}] and layers[{}] share memory (each layer's outputs need "
+                "their own)",
+                i, j);
+    }
+}
+
 namespace {
 
 void check_attention_operands(std::string_view op, const Tensor& out, const Tensor& q, const Tensor& k_cache,

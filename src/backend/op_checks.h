@@ -62,6 +62,11 @@ void check_attention_prologue_args(const Tensor& query, const Tensor& gate, cons
                                    const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
                                    const Tensor& v_cache, const Tensor& positions,
                                    const AttentionPrologueShape& shape);
+// attention_prologues: each layer as attention_prologue checks it (errors name the layer), every layer with
+// the same rows, and no layer's outputs (query, gate, caches) overlapping another layer's tensors (by byte
+// range: the layers' qkv may be column views of one buffer, their outputs not).
+void check_attention_prologues_args(std::span<const AttentionPrologueLayer> layers, const Tensor& positions,
+                                    const AttentionPrologueShape& shape);
 // attention's dtypes and a valid GQA shape; then the tensors' widths against that shape.
 void check_attention_operands(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const AttentionShape& shape);

@@ -32,6 +32,13 @@ void Backend::attention_prologue(const Tensor& query, const Tensor& gate, const 
   kv_store(v_cache, v, positions);
 }
 
+void Backend::attention_prologues(std::span<const AttentionPrologueLayer> layers, const Tensor& positions,
+                                  const AttentionPrologueShape& shape) {
+  check_attention_prologues_args(layers, positions, shape);
+  for (const AttentionPrologueLayer& l : layers)
+    attention_prologue(l.query, l.gate, l.qkv, l.q_norm, l.k_norm, l.k_cache, l.v_cache, positions, shape);
+}
+
 void Backend::gdn_gates_linear(const Tensor& beta, const Tensor& g, const Tensor& x, const LinearWeight& w_b,
                                const LinearWeight& w_a, const Tensor& a_log, const Tensor& dt_bias) {
   check_gdn_gates_linear_args(beta, g, x, w_b, w_a, a_log, dt_bias);

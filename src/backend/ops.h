@@ -89,6 +89,11 @@ struct GdnCommitLayer {
   GdnReplayRows replay;    // the verify step's record of the same T rows
 };
 
+// One layer's operands of attention_prologue (attention_prologues).
+struct AttentionPrologueLayer {
+  Tensor query, gate, qkv, q_norm, k_norm, k_cache, v_cache;
+};
+
 struct AttentionShape {
   int num_heads;  // query heads; query head h reads KV head h / (num_heads / num_kv_heads)
   int num_kv_heads;
@@ -229,6 +234,12 @@ class Backend {
                                   const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& positions,
                                   const AttentionPrologueShape& shape);
+  // attention_prologue for several layers over the same rows, positions and shape (the DFlash drafter's
+  // context rows: every layer's keys and values); one launch on CUDA, the layers one after another by
+  // default. A layer's outputs (query, gate, caches) share no memory with another layer's tensors; their qkv
+  // may be column views of one buffer (each layer's key columns are its own).
+  virtual void attention_prologues(std::span<const AttentionPrologueLayer> layers, const Tensor& positions,
+                                   const AttentionPrologueShape& shape);
   // Causal attention of q [T, nh*hd] over cache rows 0..positions[t] (inclusive) -> out [T, nh*hd].
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& positions, const AttentionShape& shape) = 0;

@@ -255,10 +255,12 @@ void DFlashModel::context_step(DFlashState& state, std::span<const Tensor> featu
   // Keys and values only: the prologue without query heads norms, rotates and stores them.
   const AttentionPrologueShape keys{
       0, c.num_kv_heads, c.head_dim, c.head_dim, c.rope_theta, c.rms_norm_eps, false};
+  std::vector<AttentionPrologueLayer> layers;
   for (size_t i = 0; i < weights_.layers.size(); ++i)
-    backend_.attention_prologue(Tensor{}, Tensor{}, kv.cols_view(int64_t(i) * 2 * kv_dim, 2 * kv_dim),
-                                Tensor{}, weights_.layers[i].k_norm, state.layers[i].k_cache->tensor(),
-                                state.layers[i].v_cache->tensor(), pos, keys);
+    layers.push_back({Tensor{}, Tensor{}, kv.cols_view(int64_t(i) * 2 * kv_dim, 2 * kv_dim), Tensor{},
+                      weights_.layers[i].k_norm, state.layers[i].k_cache->tensor(),
+                      state.layers[i].v_cache->tensor()});
+  backend_.attention_prologues(layers, pos, keys);
 }
 
 void DFlashModel::mlp(const DFlashLayer& layer, const Tensor& x, const Tensor& out) {

@@ -1256,6 +1256,82 @@ TEST(CudaOps, AttentionPrologue) {
   }
 }
 
+// attention_prologues (the drafter's context rows: keys and values of every layer) against attention_prologue
+// a layer at a time on the GPU, bit for bit, and the CPU op (the caches: kReductionTolerance, values exact):
+// the drafter's 5 layers and 9 (two launches of at most kMaxPrologueLayers), at 1, 16 and 65 rows; and two
+// gated layers with query heads (the target's form).
+TEST(CudaOps, AttentionPrologues) {
+  std::mt19937 rng(42);
+  auto& b = backends();
+  struct Case {
+    int layers, heads, kv_heads, head_dim;
+  };
+  for (const Case& c : {Case{5, 0, 8, 128}, Case{9, 0, 2, 64}, Case{2, 8, 2, 128}}) {
+    const int64_t q_cols = int64_t(c.heads) * c.head_dim, kv_cols = int64_t(c.kv_heads) * c.head_dim;
+    const int64_t width = (c.heads > 0 ? 2 * q_cols : 0) + 2 * kv_cols;
+    const AttentionPrologueShape shape{c.heads, c.kv_heads, c.head_dim, c.head_dim, 1e6, 1e-6f, false};
+    std::vector<WeightPair> q_norms, k_norms;
+    for (int i = 0; i < c.layers; ++i) {
+      q_norms.push_back(b.weight(DType::BF16, 1, c.head_dim, random_floats(rng, c.head_dim, -0.5f, 0.5f)));
+      k_norms.push_back(b.weight(DType::BF16, 1, c.head_dim, random_floats(rng, c.head_dim, -0.5f, 0.5f)));
+    }
+    for (int tokens : {1, 16, 65}) {
+      const int64_t cache_rows = 100;
+      const TensorPair pos = b.indices(consecutive_positions(tokens, 20));
+      const TensorPair rows =
+          b.activation(tokens, c.layers * width, random_floats(rng, tokens * c.layers * width, -3.0f, 3.0f));
+      const std::vector<float> cache_values = random_floats(rng, cache_rows * kv_cols, -1.0f, 1.0f);
+      struct Outputs {
+        std::vector<TensorPair> query, gate, k_cache, v_cache;
+      };
+      auto outputs = [&] {
+        Outputs o;
+        for (int i = 0; i < c.layers; ++i) {
+          o.query.push_back(b.poisoned(tokens, std::max<int64_t>(q_cols, 1)));
+          o.gate.push_back(b.poisoned(tokens, std::max<int64_t>(q_cols, 1)));
+          o.k_cache.push_back(b.activation(cache_rows, kv_cols, cache_values));
+          o.v_cache.push_back(b.activation(cache_rows, kv_cols, cache_values));
+        }
+        return o;
+      };
+      auto layers_of = [&](const Outputs& o, const Side& s) {
+        std::vector<AttentionPrologueLayer> layers;
+        for (int i = 0; i < c.layers; ++i) {
+          const bool queries = c.heads > 0;
+          layers.push_back({queries ? s(o.query[size_t(i)]) : Tensor{},
+                            queries ? s(o.gate[size_t(i)]) : Tensor{}, s(rows).cols_view(i * width, width),
+                            queries ? s(q_norms[size_t(i)]) : Tensor{}, s(k_norms[size_t(i)]),
+                            s(o.k_cache[size_t(i)]), s(o.v_cache[size_t(i)])});
+        }
+        return layers;
+      };
+      const Outputs together = outputs(), one_by_one = outputs();
+      on_both([&](const Side& s) { s.backend.attention_prologues(layers_of(together, s), s(pos), shape); });
+      for (const AttentionPrologueLayer& l : layers_of(one_by_one, Side{b.gpu(), true}))
+        b.gpu().attention_prologue(l.query, l.gate, l.qkv, l.q_norm, l.k_norm, l.k_cache, l.v_cache,
+                                   pos.gpu(), shape);
+      const std::string label = fmt::format("attention_prologues {} layers {}/{}/{} T={}", c.layers, c.heads,
+                                            c.kv_heads, c.head_dim, tokens);
+      for (int i = 0; i < c.layers; ++i) {
+        const std::string layer = fmt::format("{} layer {}", label, i);
+        const TensorPair *k = &together.k_cache[size_t(i)], *v = &together.v_cache[size_t(i)];
+        compare("attention_prologue", layer + " k cache", *k, kReductionTolerance);
+        compare("attention_prologue", layer + " v cache", *v, kExact);
+        expect_close("attention_prologue", layer + " k cache equals one layer's call", b.read_gpu(k->gpu()),
+                     b.read_gpu(one_by_one.k_cache[size_t(i)].gpu()), kExact);
+        expect_close("attention_prologue", layer + " v cache equals one layer's call", b.read_gpu(v->gpu()),
+                     b.read_gpu(one_by_one.v_cache[size_t(i)].gpu()), kExact);
+        if (c.heads > 0) {
+          compare("attention_prologue", layer + " query", together.query[size_t(i)], kReductionTolerance);
+          expect_close("attention_prologue", layer + " query equals one layer's call",
+                       b.read_gpu(together.query[size_t(i)].gpu()),
+                       b.read_gpu(one_by_one.query[size_t(i)].gpu()), kExact);
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaOps, Rope) {
   std::mt19937 rng(9);
   auto& b = backends();

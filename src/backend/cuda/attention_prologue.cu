@@ -11,6 +11,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/ops.h"
 
 namespace qspec::cuda {
 
@@ -34,6 +35,13 @@ struct PrologueArgs {
   int64_t positions_stride;
   int num_heads, num_kv_heads, head_dim, half_rotary;
   float eps, weight_offset;
+  const void *q_norm, *k_norm;  // of the kernel's weight type W
+};
+
+// The layers of one launch (attention_prologues): blockIdx.z picks one. Keeps the parameters (with the RoPE
+// frequencies) under 4 KiB.
+struct PrologueBatch {
+  PrologueArgs layers[kMaxPrologueLayers];
 };
 
 constexpr int kPerLane = kMaxAttentionHeadDim / kWarpSize;  // a head's values per lane, at most
@@ -92,13 +100,16 @@ __device__ inline void copy_head(float* dst, const float* src, int hd, int lane)
     if (lane + kWarpSize * j < hd) dst[lane + kWarpSize * j] = v[j];
 }
 
-// Grid (tokens, ceil(slots / warps)) of blocks of `warps` warps; warp w of block (t, y) takes slot
-// warps * y + w of token t.
+// Grid (tokens, ceil(slots / warps), layers) of blocks of `warps` warps; warp w of block (t, y, l) takes slot
+// warps * y + w of token t in layer l.
 template <typename W>
 __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
-    attention_prologue_kernel(PrologueArgs a, const W* q_norm, const W* k_norm, RopeFrequencies frequencies) {
+    attention_prologue_kernel(PrologueBatch batch, RopeFrequencies frequencies) {
   wait_for_previous_kernel();
   allow_next_kernel();
+  const PrologueArgs& a = batch.layers[blockIdx.z];
+  const auto* q_norm = static_cast<const W*>(a.q_norm);
+  const auto* k_norm = static_cast<const W*>(a.k_norm);
   __shared__ float heads[kMaxWarps][kMaxAttentionHeadDim];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize,
             lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -133,40 +144,48 @@ __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
 
 }  // namespace
 
-cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
-                                      const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
-                                      const Tensor& v_cache, const Tensor& positions,
-                                      const PrologueShape& shape, const RopeFrequencies& frequencies,
-                                      cudaStream_t stream) {
-  if (qkv.rows == 0) return cudaSuccess;
-  const PrologueArgs args{query.ptr<float>(),
-                          query.stride,
-                          gate.empty() ? nullptr : gate.ptr<float>(),
-                          gate.stride,
-                          qkv.ptr<const float>(),
-                          qkv.stride,
-                          k_cache.ptr<float>(),
-                          k_cache.stride,
-                          v_cache.ptr<float>(),
-                          v_cache.stride,
-                          k_cache.rows,
-                          positions.ptr<const int32_t>(),
-                          positions.stride,
-                          shape.num_heads,
-                          shape.num_kv_heads,
-                          shape.head_dim,
-                          shape.rotary_dim / 2,
-                          shape.eps,
-                          shape.unit_offset ? 1.0f : 0.0f};
+cudaError_t launch_attention_prologues(const AttentionPrologueLayer* layers, size_t count,
+                                       const Tensor& positions, const PrologueShape& shape,
+                                       const RopeFrequencies& frequencies, cudaStream_t stream) {
+  if (count == 0 || layers[0].qkv.rows == 0) return cudaSuccess;
+  if (count > kMaxPrologueLayers) return cudaErrorInvalidValue;
+  PrologueBatch batch{};
+  for (size_t i = 0; i < count; ++i) {
+    const AttentionPrologueLayer& l = layers[i];
+    if (l.k_norm.dtype != layers[0].k_norm.dtype) return cudaErrorInvalidValue;  // one weight type a launch
+    batch.layers[i] = {l.query.ptr<float>(),
+                       l.query.stride,
+                       l.gate.empty() ? nullptr : l.gate.ptr<float>(),
+                       l.gate.stride,
+                       l.qkv.ptr<const float>(),
+                       l.qkv.stride,
+                       l.k_cache.ptr<float>(),
+                       l.k_cache.stride,
+                       l.v_cache.ptr<float>(),
+                       l.v_cache.stride,
+                       l.k_cache.rows,
+                       positions.ptr<const int32_t>(),
+                       positions.stride,
+                       shape.num_heads,
+                       shape.num_kv_heads,
+                       shape.head_dim,
+                       shape.rotary_dim / 2,
+                       shape.eps,
+                       shape.unit_offset ? 1.0f : 0.0f,
+                       l.q_norm.data,  // empty without query heads
+                       l.k_norm.data};
+  }
   // Decode and verify rows: a warp a block, the slots spread over as many multiprocessors; prefill: 8 warps
   // a block.
-  const int warps = qkv.rows > kLinearMmaMaxRows ? kMaxWarps : 1;
+  const int64_t rows = layers[0].qkv.rows;
+  const int warps = rows > kLinearMmaMaxRows ? kMaxWarps : 1;
   const int slots = shape.num_heads + 2 * shape.num_kv_heads;
-  const dim3 grid(static_cast<unsigned>(qkv.rows), static_cast<unsigned>((slots + warps - 1) / warps));
-  return with_weight_type(k_norm.dtype, [&](auto type) {  // q_norm is empty without query heads
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((slots + warps - 1) / warps),
+                  static_cast<unsigned>(count));
+  return with_weight_type(layers[0].k_norm.dtype, [&](auto type) {
     using W = decltype(type);
-    return launch_kernel(attention_prologue_kernel<W>, grid, warps * kWarpSize, 0, stream, args,
-                         q_norm.ptr<const W>(), k_norm.ptr<const W>(), frequencies);
+    return launch_kernel(attention_prologue_kernel<W>, grid, warps * kWarpSize, 0, stream, batch,
+                         frequencies);
   });
 }
 

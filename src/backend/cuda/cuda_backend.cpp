@@ -368,17 +368,14 @@ class CudaBackend final : public Backend {
                           const Tensor& k_norm, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& positions, const AttentionPrologueShape& shape) override {
     check_attention_prologue_args(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions, shape);
-    if (shape.head_dim > kMaxAttentionHeadDim)
-      fail("attention_prologue: head_dim {} is above the CUDA backend's {}", shape.head_dim,
-           kMaxAttentionHeadDim);
-    require_rows_limit("attention_prologue", qkv.rows);
-    const RopeFrequencies frequencies =
-        rope_frequencies("attention_prologue", shape.rotary_dim, shape.rope_theta);
-    const PrologueShape prologue{shape.num_heads,  shape.num_kv_heads, shape.head_dim,
-                                 shape.rotary_dim, shape.eps,          shape.unit_offset};
-    check_cuda(launch_attention_prologue(query, gate, qkv, q_norm, k_norm, k_cache, v_cache, positions,
-                                         prologue, frequencies, stream()),
-               "attention_prologue");
+    const AttentionPrologueLayer layer{query, gate, qkv, q_norm, k_norm, k_cache, v_cache};
+    launch_prologues({&layer, 1}, positions, shape);
+  }
+
+  void attention_prologues(std::span<const AttentionPrologueLayer> layers, const Tensor& positions,
+                           const AttentionPrologueShape& shape) override {
+    check_attention_prologues_args(layers, positions, shape);
+    launch_prologues(layers, positions, shape);
   }
 
   void kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions) override {
@@ -542,6 +539,29 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // attention_prologue(s) after their checks: one launch per kMaxPrologueLayers layers.
+  void launch_prologues(std::span<const AttentionPrologueLayer> layers, const Tensor& positions,
+                        const AttentionPrologueShape& shape) {
+    if (shape.head_dim > kMaxAttentionHeadDim)
+      fail("attention_prologue: head_dim {} is above the CUDA backend's {}", shape.head_dim,
+           kMaxAttentionHeadDim);
+    if (layers.empty()) return;
+    require_rows_limit("attention_prologue", layers.front().qkv.rows);
+    for (size_t i = 1; i < layers.size(); ++i)
+      if (layers[i].k_norm.dtype != layers.front().k_norm.dtype)
+        fail("attention_prologues: layers[{}].k_norm is {}, layers[0]'s {} (one weight type a launch)", i,
+             dtype_name(layers[i].k_norm.dtype), dtype_name(layers.front().k_norm.dtype));
+    const RopeFrequencies frequencies =
+        rope_frequencies("attention_prologue", shape.rotary_dim, shape.rope_theta);
+    const PrologueShape prologue{shape.num_heads,  shape.num_kv_heads, shape.head_dim,
+                                 shape.rotary_dim, shape.eps,          shape.unit_offset};
+    for (size_t first = 0; first < layers.size(); first += kMaxPrologueLayers)
+      check_cuda(launch_attention_prologues(layers.data() + first,
+                                            std::min(kMaxPrologueLayers, layers.size() - first), positions,
+                                            prologue, frequencies, stream()),
+                 "attention_prologue");
+  }
+
   // Where ops go: the main stream, or inside beside() the side stream.
   cudaStream_t stream() const { return on_side_ ? side_stream_->get() : stream_->get(); }
 

@@ -11,6 +11,7 @@
 #include "backend/tensor.h"
 
 namespace qspec {
+struct AttentionPrologueLayer;
 struct GdnCommitLayer;
 struct GdnMixerWeights;
 struct GdnShape;
@@ -145,19 +146,18 @@ struct RopeFrequencies {
 cudaError_t launch_rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim,
                         const RopeFrequencies& frequencies, cudaStream_t stream);
 
-// attention_prologue.cu: Backend::attention_prologue in one kernel; head_dim <= kMaxAttentionHeadDim, norm
-// weights of one dtype.
-// Head counts and dims as in AttentionPrologueShape (ops.h).
+// attention_prologue.cu: Backend::attention_prologues (attention_prologue: one layer) in one kernel, up to
+// kMaxPrologueLayers layers with the same rows a launch; head_dim <= kMaxAttentionHeadDim, norm weights of
+// one dtype. Head counts and dims as in AttentionPrologueShape (ops.h).
+inline constexpr size_t kMaxPrologueLayers = 8;
 struct PrologueShape {
   int num_heads, num_kv_heads, head_dim, rotary_dim;
   float eps;
   bool unit_offset;
 };
-cudaError_t launch_attention_prologue(const Tensor& query, const Tensor& gate, const Tensor& qkv,
-                                      const Tensor& q_norm, const Tensor& k_norm, const Tensor& k_cache,
-                                      const Tensor& v_cache, const Tensor& positions,
-                                      const PrologueShape& shape, const RopeFrequencies& frequencies,
-                                      cudaStream_t stream);
+cudaError_t launch_attention_prologues(const AttentionPrologueLayer* layers, size_t count,
+                                       const Tensor& positions, const PrologueShape& shape,
+                                       const RopeFrequencies& frequencies, cudaStream_t stream);
 
 // attention.cu (+ attention_rows.cu, attention_prefill.cu): one block per (KV head, key split) serves all
 // query rows of the KV head (tokens x grouped heads); FP32 or split-BF16 tensor cores (~1e-5 relative to
