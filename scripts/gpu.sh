@@ -155,13 +155,13 @@ record() {
   ls bench/results | grep "$stamp"
 }
 
-# Several bundles in one archive, xz -9 (two bundles of stripped programs ~5.4 MB, sharing the dictionary; the carry limit
-# is 64 MiB with the tracked files, ~53 MB).
+# Several bundles in one archive, xz -9: its dictionary spans the bundles (one full and three slim bundles of
+# stripped programs: ~5 MB), under the 64 MiB carry with the tracked files (~54.5 MB in 1 KB blocks).
 archive() {
   [ "$#" -gt 0 ] || { echo "usage: scripts/gpu.sh archive BUNDLE_DIR..." >&2; exit 2; }
   local names=()
   for dir in "$@"; do names+=("$(basename "$dir")"); done
-  tar cf - -C "$BUILD" "${names[@]}" | xz -9e -T0 >"$BUILD/bundles.tgz"  # -9: one dictionary spans the bundles
+  tar cf - -C "$BUILD" "${names[@]}" | xz -9e -T0 >"$BUILD/bundles.tgz"
   du -sh "$BUILD/bundles.tgz"
 }
 

@@ -1081,14 +1081,13 @@ __host__ __device__ constexpr int row_cluster_sums_floats(int parts, int splits)
   return (kWarps * kTileFeatures + parts - 1) / parts * splits;
 }
 
-// Where split `split` of feature f (of the cluster's tiles) goes: the owner's shared memory, at the same
-// offset as `sums` in this block.
-__device__ inline float* row_cluster_sum_slot(const RowArgs& a, float* sums, int f, int split) {
+// Where the splits of feature f (of the cluster's tiles) go: the owner's shared memory, at the same offset as
+// `sums` in this block; split s at + s.
+__device__ inline float* row_cluster_sum_slots(const RowArgs& a, float* sums, int f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(sums, f % a.parts) + f / a.parts * a.splits +
-         split;
+  return cooperative_groups::this_cluster().map_shared_rank(sums, f % a.parts) + f / a.parts * a.splits;
 #else
-  return sums + f / a.parts * a.splits + split;  // never used: clusters_supported() is false
+  return sums + f / a.parts * a.splits;  // never used: clusters_supported() is false
 #endif
 }
 
@@ -1218,12 +1217,12 @@ __global__ void __launch_bounds__(kThreads, kRowBlocksPerMultiprocessor)
   float acc[1][4] = {};
   float total[2] = {};
   int split = part * a.splits_per_part, split_end = min(end, begin + a.chunks_per_split);
-  // The owners' slots of split 0 of features g and g + 8 (split s at + s), found once: the owner's rank and
-  // index are divisions by the parts (~70 instructions at every split's end in the loop).
+  // The owners' slots of features g and g + 8, found once: the owner's rank and index are divisions by the
+  // parts (~70 instructions at every split's end in the loop).
   float* const cluster_slot_low =
-      a.cluster_sums ? row_cluster_sum_slot(a, cluster_sums, warp * kTileFeatures + g, 0) : nullptr;
+      a.cluster_sums ? row_cluster_sum_slots(a, cluster_sums, warp * kTileFeatures + g) : nullptr;
   float* const cluster_slot_high =
-      a.cluster_sums ? row_cluster_sum_slot(a, cluster_sums, warp * kTileFeatures + g + 8, 0) : nullptr;
+      a.cluster_sums ? row_cluster_sum_slots(a, cluster_sums, warp * kTileFeatures + g + 8) : nullptr;
   // After chunk `chunk`'s sums joined acc: at the end of its split, the split's sums leave acc.
   auto end_split_after = [&](int chunk) {
     if (chunk + 1 != split_end) return;
