@@ -51,12 +51,11 @@ int line_of(const std::string& code, size_t pos) {
 struct WeightsFirst {
   std::string kernel, first_other_read;
 };
-const std::vector<WeightsFirst> kWeightsBeforeWait = {{"linear_mma_kernel(", "stage_x"},
-                                                      {"linear_ring_kernel(", "stage_ring_x"},
-                                                      {"linear_row_kernel(", "stage_x"},
-                                                      {"gdn_mixer_kernel(", "load_state_block"},
-                                                      {"gdn_mixer_finish_kernel(", "a.norm_partials"},
-                                                      {"w4a16_gemm_kernel(", "a.x + image"}};
+const std::vector<WeightsFirst> kWeightsBeforeWait = {
+    {"linear_mma_kernel(", "stage_x"},           {"linear_ring_kernel(", "stage_item_x"},
+    {"linear_ring_tma_kernel(", "stage_item_x"}, {"linear_row_kernel(", "stage_x"},
+    {"gdn_mixer_kernel(", "load_state_block"},   {"gdn_mixer_finish_kernel(", "a.norm_partials"},
+    {"w4a16_gemm_kernel(", "a.x + image"}};
 
 // The kernels whose next launch is cuBLAS's only wait (pdl.cuh).
 const std::vector<std::string> kWaitOnly = {"rows_to_bf16_kernel(", "dequantize_w4a16_kernel("};

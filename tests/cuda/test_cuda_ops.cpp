@@ -608,8 +608,9 @@ TEST(CudaOps, W4a16GemmEqualsCublasOnBf16Copy) {
 // Speculative decoding needs a row's result not to depend on the other rows of the call: the verify step's
 // rows must equal the decode steps' exactly, although one row goes through the one-row kernel and 16 through
 // the many-row one (the same split of K and the same sums in both). 16 rows at once vs each row alone: W4A16
-// g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) with K 2624 (a partial last
-// chunk) at g32, g64 (per-block scales) and g128 (a partial last group), K 4096 and 3072 (16 and 12 splits:
+// g32 and g128 with split K (K 9216), N 9216 at K 2560, a last tile past N (1000) with K 2560 at g32 (the
+// ring kernel's rows past N) and with K 2624 (a partial last chunk) at g32, g64 (per-block scales) and g128
+// (a partial last group), K 4096 and 3072 (16 and 12 splits:
 // clusters of 16 and 12 parts at one split a part), and BF16 (K 9216 and 2624), with x rows 16-byte aligned
 // and not (a view one column in).
 TEST(CudaOps, LinearRowsIndependentOfBatch) {
@@ -621,9 +622,9 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
     int group;  // 0: BF16 weights
   };
   for (const Case& c :
-       {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32}, Case{1000, 2624, 32},
-        Case{1000, 2624, 64}, Case{1000, 2624, 128}, Case{2560, 4096, 32}, Case{2560, 3072, 32},
-        Case{2560, 9216, 0}, Case{1000, 2624, 0}}) {
+       {Case{2560, 9216, 32}, Case{2560, 9216, 128}, Case{9216, 2560, 32}, Case{1000, 2560, 32},
+        Case{1000, 2624, 32}, Case{1000, 2624, 64}, Case{1000, 2624, 128}, Case{2560, 4096, 32},
+        Case{2560, 3072, 32}, Case{2560, 9216, 0}, Case{1000, 2624, 0}}) {
     LinearWeight w{c.n, c.k, {}, {}, {}, c.group, {}};
     WeightPair weight, packed, scales;
     if (c.group == 0) {
@@ -653,6 +654,23 @@ TEST(CudaOps, LinearRowsIndependentOfBatch) {
                    fmt::format("linear {} M=16 rows vs M=1 each, N={} K={}, x at column {}",
                                c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
                    batch, single, kExact);
+      // The ring kernel fed by tensor copies (sm_90, g32 vector scales) adds what its per-lane copies do.
+      {
+        EXPECT_TRUE(cuda::linear_tensor_copies_supported())
+            << "the H200 build feeds the ring kernel by tensor copies (else this compares a path with "
+               "itself)";
+        TensorPair per_lane = b.poisoned(kRows, c.n);
+        const LinearMmaWorkspaceBuffers workspace(b.gpu(), kRows, c.n, c.k);
+        cuda::LinearMmaTuning tuning;
+        tuning.ring_tma = false;
+        cuda::check_cuda(cuda::launch_linear_mma(per_lane.gpu(), x, w, workspace.get(), nullptr, tuning),
+                         "linear without tensor copies");
+        cuda::check_cuda(cudaDeviceSynchronize(), "linear without tensor copies");
+        expect_close("linear",
+                     fmt::format("linear {} M=16 with and without tensor copies, N={} K={}, x at column {}",
+                                 c.group == 0 ? "BF16" : fmt::format("W4A16 g{}", c.group), c.n, c.k, offset),
+                     batch, b.read_gpu(per_lane.gpu()), kExact);
+      }
       // The one-row kernel's units of one split, of several (LinearMmaTuning::row_splits_per_part), and of
       // the whole of K add the same sums, in a cluster (sm_90+, up to 16 parts) or by the sums kernel.
       const int64_t splits = static_cast<int64_t>(cuda::linear_mma_partial_floats(1, c.n, c.k)) / c.n;

@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
     // Decided here, before any launch can be inside a stream capture (pdl.cuh).
     static_cast<void>(programmatic_launch_enabled());
     static_cast<void>(clusters_supported());
+    static_cast<void>(linear_tensor_copies_supported());
     w4a16_gemm_init();
   }
 

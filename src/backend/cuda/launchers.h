@@ -66,7 +66,8 @@ struct LinearMmaWorkspace {
 // row_splits_per_part sets the one-row kernel's unit, that many splits of K (the sums stay the same);
 // ring_kernel off keeps W4A16 weights of several rows in the register-held many-row kernel instead of the
 // shared-memory ring one (the same sums); row_cluster_sums off makes the one-row kernel store its split
-// partials for the sums kernel even where it could add them inside a cluster (the same sums).
+// partials for the sums kernel even where it could add them inside a cluster (the same sums); ring_tma off
+// keeps the ring kernel's per-lane copies where tensor copies could fill it (sm_90; the same sums).
 struct LinearMmaTuning {
   int64_t chunks_per_split = 0;
   int64_t grid_blocks = 0;
@@ -74,8 +75,13 @@ struct LinearMmaTuning {
   int64_t row_splits_per_part = 0;
   bool ring_kernel = true;
   bool row_cluster_sums = true;
+  bool ring_tma = true;
 };
 bool linear_mma_supports(const Tensor& x, const LinearWeight& w);
+// Whether the ring kernel can be fed by tensor copies here (sm_90 code and the driver's tensor-map encoder):
+// LinearMmaTuning::ring_tma then takes W4A16 g32 calls of whole 128-value chunks with 16-byte aligned
+// scale rows. Asked first outside any stream capture (the encoder's lookup).
+bool linear_tensor_copies_supported();
 // The workspace's partial sums (floats) of a call with `rows` rows of x.
 size_t linear_mma_partial_floats(int64_t rows, int64_t out_features, int64_t in_features,
                                  int64_t chunks_per_split = 0);

@@ -30,6 +30,7 @@
 // adds them inside a thread block cluster in the same order), so results depend neither on timing nor on how
 // many rows share the call (a row's arithmetic is the same at M = 1 and 16).
 #include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -944,6 +945,20 @@ struct RingLayout {
   }
 };
 
+// A ring kernel's x: the item's chunks of its pass of rows staged at x_values (stage_ring_x), for every
+// thread of the block.
+template <int kRows, bool kAlignedX>
+__device__ XStage stage_item_x(const MmaArgs& a, const MmaItem& item, uint32_t* x_values, int chunks) {
+  const int row_words = RingLayout::row_words(chunks);
+  const XStage x_stage{x_values, reinterpret_cast<float*>(x_values + kRows * row_words), row_words, chunks};
+  const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
+  const int rows_here = static_cast<int>(min64(a.rows - first_row, kRows));
+  stage_ring_x<kRows, kAlignedX, kRingStageChunks>(x_stage, a.x + first_row * a.x_stride, a.x_stride,
+                                                   rows_here, item.first_chunk * kChunkK);
+  __syncthreads();
+  return x_stage;
+}
+
 template <typename Weights, int kHalves, bool kAlignedX>
 __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
     linear_ring_kernel(MmaArgs a, Weights weights) {
@@ -986,13 +1001,7 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
   wait_for_previous_kernel();
   allow_next_kernel();
 
-  const int row_words = RingLayout::row_words(chunks);
-  const XStage x_stage{x_values, reinterpret_cast<float*>(x_values + kRows * row_words), row_words, chunks};
-  const int64_t first_row = static_cast<int64_t>(item.pass) * kTileRows;
-  const int rows_here = static_cast<int>(min64(a.rows - first_row, kRows));
-  stage_ring_x<kRows, kAlignedX, kRingStageChunks>(x_stage, a.x + first_row * a.x_stride, a.x_stride,
-                                                   rows_here, item.first_chunk * kChunkK);
-  __syncthreads();
+  const XStage x_stage = stage_item_x<kRows, kAlignedX>(a, item, x_values, chunks);
 
   float acc[kRingTiles][kHalves][4] = {};
   for (int c = 0; c < chunks; ++c) {
@@ -1007,6 +1016,94 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
     multiply_chunk<Weights, kHalves, kRingTiles>(acc, w, x_stage, c, g, q);
     copy_chunk(c + kRingDepth);  // into the stage just read
   }
+#pragma unroll
+  for (int tile = 0; tile < kRingTiles; ++tile)
+    store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
+}
+
+// The ring kernel's form with the copies made by the tensor memory accelerator (sm_90): W4A16 g32 weights
+// with vector scales, items of at most kTmaStages chunks. One thread requests every chunk of the item at
+// the kernel's start, each a [128 features x 16 words] box of the packed weights into a stage of its own,
+// and the item's scales as one [128 features x kTmaScaleBox] box, each completing on a barrier; the warps
+// wait on a chunk's barrier and read their words and scales back as they read the ring kernel's slots (no
+// per-lane copies, no refills). The arithmetic, x staging and sums are the ring kernel's: the same bits.
+constexpr int kTmaStages = kRingStageChunks;
+// A box's first column must start 16 bytes aligned (at 8 bytes, one-chunk items of odd splits stopped on an
+// illegal instruction), so an item's scales box starts at its first scale rounded down to 8: up to 4 before.
+constexpr int kTmaScaleAlign = 8;
+constexpr int kTmaScaleBox = 24;  // scales a row per item copy: 4 + kTmaStages chunks of 4, 48 bytes
+static_assert(kTmaScaleBox >= kTmaScaleAlign - kChunkBlocks + kTmaStages * kChunkBlocks);
+
+struct TmaRingLayout {
+  static constexpr int kStageBytes = kRingGroupFeatures * static_cast<int>(kPackedChunkWords) * 4;  // 8 KB
+  static constexpr int kScaleBytes = kRingGroupFeatures * kTmaScaleBox * 2;
+  static constexpr int kScaleOffset = kTmaStages * kStageBytes;
+  static constexpr int kBarrierOffset = kScaleOffset + kScaleBytes;
+  static constexpr int kXOffset = kBarrierOffset + 64;  // up to 8 barriers
+  static_assert(kScaleOffset % 128 == 0 && kStageBytes % 128 == 0 && kTmaStages <= 8);
+  __host__ __device__ static int64_t bytes(int rows, int64_t chunks) {
+    return kXOffset + int64_t{rows} * RingLayout::row_words(chunks) * 4 + rows * chunks * 4;
+  }
+};
+
+template <typename S, int kHalves, bool kAlignedX>
+__global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
+    linear_ring_tma_kernel(MmaArgs a, const __grid_constant__ CUtensorMap packed_map,
+                           const __grid_constant__ CUtensorMap scales_map) {
+  using Weights = PackedInt4Weights<S, ScaleLoad::Vector>;
+  constexpr int kRows = kHalves * 8;
+  extern __shared__ __align__(128) uint4 tma_storage[];
+  auto* const base = reinterpret_cast<char*>(tma_storage);
+  auto* const scales = reinterpret_cast<const unsigned short*>(base + TmaRingLayout::kScaleOffset);
+  auto* const barriers = reinterpret_cast<uint64_t*>(base + TmaRingLayout::kBarrierOffset);
+  auto* const x_values = reinterpret_cast<uint32_t*>(base + TmaRingLayout::kXOffset);
+  const int t = static_cast<int>(threadIdx.x);
+  const int warp = t / kWarpSize, lane = t % kWarpSize;
+  const int g = lane / 4, q = lane % 4;
+
+  const MmaItem item = mma_item(a, blockIdx.x);
+  const int chunks = static_cast<int>(item.end_chunk - item.first_chunk);
+  const auto first_row = static_cast<int>(item.group * kRingGroupFeatures);
+  const auto first_scale = static_cast<int>(item.first_chunk) * kChunkBlocks;
+  const int scale_column = first_scale / kTmaScaleAlign * kTmaScaleAlign,
+            scale_shift = first_scale - scale_column;
+  if (t == 0) {  // weights only: before the wait (pdl.cuh)
+    for (int c = 0; c < chunks; ++c) barrier_init(&barriers[c]);
+    fence_barrier_init();
+    for (int c = 0; c < chunks; ++c) {
+      expect_bytes(&barriers[c], TmaRingLayout::kStageBytes + (c == 0 ? TmaRingLayout::kScaleBytes : 0));
+      if (c == 0)
+        tensor_copy_2d(base + TmaRingLayout::kScaleOffset, &scales_map, scale_column, first_row,
+                       &barriers[0]);
+      tensor_copy_2d(base + c * TmaRingLayout::kStageBytes, &packed_map,
+                     static_cast<int>((item.first_chunk + c) * kPackedChunkWords), first_row, &barriers[c]);
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
+  const XStage x_stage = stage_item_x<kRows, kAlignedX>(a, item, x_values, chunks);
+
+  float acc[kRingTiles][kHalves][4] = {};
+  for (int c = 0; c < chunks; ++c) {
+    barrier_wait(&barriers[c], 0);
+    __syncwarp();  // the lanes leave the wait one by one; the mmas are .aligned
+    const auto* stage = reinterpret_cast<const uint4*>(base + c * TmaRingLayout::kStageBytes);
+    typename Weights::Loaded w[kRingTiles];
+#pragma unroll
+    for (int tile = 0; tile < kRingTiles; ++tile) {
+      const int low = warp * kRingTiles * kTileFeatures + tile * kTileFeatures + g, high = low + 8;
+      const uint2 scale_low =
+          *reinterpret_cast<const uint2*>(scales + low * kTmaScaleBox + scale_shift + c * kChunkBlocks);
+      const uint2 scale_high =
+          *reinterpret_cast<const uint2*>(scales + high * kTmaScaleBox + scale_shift + c * kChunkBlocks);
+      w[tile] = Weights::read_copied(stage[low * 4 + q], stage[high * 4 + q],
+                                     make_uint4(scale_low.x, scale_low.y, scale_high.x, scale_high.y), 0);
+    }
+    multiply_chunk<Weights, kHalves, kRingTiles>(acc, w, x_stage, c, g, q);
+  }
+  const int64_t first_feature = item.group * kRingGroupFeatures + warp * kRingTiles * kTileFeatures;
 #pragma unroll
   for (int tile = 0; tile < kRingTiles; ++tile)
     store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
@@ -1337,6 +1434,91 @@ cudaError_t launch_ring_kernel(const MmaArgs& args, const Weights& weights, int6
       args, stream);
 }
 
+bool aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// cuTensorMapEncodeTiled from the driver (the runtime links no driver symbols), or null.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                 CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                 CUtensorMapFloatOOBfill);
+EncodeTiled tensor_map_encoder() {
+  static const EncodeTiled encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      static_cast<void>(cudaGetLastError());  // no later caller (cuBLAS checks it) may see it
+      return EncodeTiled{nullptr};
+    }
+    return reinterpret_cast<EncodeTiled>(function);
+  }();
+  return encode;
+}
+
+// A 2D map of `rows` rows of `cols` elements (`element_bytes` each, rows `stride` elements apart) read in
+// boxes of box_rows x box_cols; false where TMA cannot take it (alignment, strides) or the driver has no
+// encoder.
+bool encode_rows_map(CUtensorMap& map, const void* base, CUtensorMapDataType type, int64_t element_bytes,
+                     int64_t rows, int64_t cols, int64_t stride, uint32_t box_rows, uint32_t box_cols) {
+  const EncodeTiled encode = tensor_map_encoder();
+  if (encode == nullptr || !aligned(base, 16) || (stride * element_bytes) % 16 != 0 ||
+      (box_cols * element_bytes) % 16 != 0)
+    return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * element_bytes)};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// linear_ring_tma_kernel's launch, as launch_ring_kernel's (its shared memory allowed once).
+template <typename S, int kHalves, bool kAlignedX>
+cudaError_t launch_ring_tma_kernel(const MmaArgs& args, const CUtensorMap& packed_map,
+                                   const CUtensorMap& scales_map, int64_t bytes, cudaStream_t stream) {
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(linear_ring_tma_kernel<S, kHalves, kAlignedX>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
+  if (attribute != cudaSuccess) return attribute;
+  return launch_split_sums_after(
+      launch_kernel(linear_ring_tma_kernel<S, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
+                    kThreads, static_cast<size_t>(bytes), stream, args, packed_map, scales_map),
+      args, stream);
+}
+
+// The ring kernel through tensor copies where it can take the call (linear_ring_tma_kernel: g32 weights with
+// vector scales): true with the launch's status in `status`.
+template <int kHalves, typename Weights>
+bool launch_ring_tma(const MmaArgs&, const Weights&, bool, const LinearMmaTuning&, cudaStream_t,
+                     cudaError_t&) {
+  return false;
+}
+
+template <int kHalves, typename S>
+bool launch_ring_tma(const MmaArgs& args, const PackedInt4Weights<S, ScaleLoad::Vector>& weights,
+                     bool aligned_x, const LinearMmaTuning& tuning, cudaStream_t stream,
+                     cudaError_t& status) {
+  const int64_t bytes = TmaRingLayout::bytes(kHalves * 8, args.chunks_per_split);
+  if (!tuning.ring_tma || !clusters_supported() || args.chunks_per_split > kTmaStages ||
+      bytes > kRingMaxBytes)
+    return false;
+  CUtensorMap packed_map, scales_map;
+  const int64_t words = weights.blocks * (kBlockK / 8);
+  if (!encode_rows_map(packed_map, weights.packed, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, args.out_features,
+                       words, weights.packed_stride, kRingGroupFeatures,
+                       static_cast<uint32_t>(kPackedChunkWords)) ||
+      !encode_rows_map(scales_map, weights.scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, args.out_features,
+                       weights.blocks, weights.scales_stride, kRingGroupFeatures, kTmaScaleBox))
+    return false;
+  status = aligned_x ? launch_ring_tma_kernel<S, kHalves, true>(args, packed_map, scales_map, bytes, stream)
+                     : launch_ring_tma_kernel<S, kHalves, false>(args, packed_map, scales_map, bytes, stream);
+  return true;
+}
+
 template <typename Weights, int kHalves>
 cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                        const Weights& weights, const LinearMmaWorkspace& workspace,
@@ -1364,6 +1546,8 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
         weights.ring_aligned() && bytes <= kRingMaxBytes) {
       MmaArgs ring_args = args;
       ring_args.items = (out_features + kRingGroupFeatures - 1) / kRingGroupFeatures * split.splits * passes;
+      cudaError_t status = cudaSuccess;
+      if (launch_ring_tma<kHalves>(ring_args, weights, aligned_x, tuning, stream, status)) return status;
       if (aligned_x) return launch_ring_kernel<Weights, kHalves, true>(ring_args, weights, bytes, stream);
       return launch_ring_kernel<Weights, kHalves, false>(ring_args, weights, bytes, stream);
     }
@@ -1502,11 +1686,11 @@ cudaError_t launch_for_rows(const Tensor& out, const Tensor& x, const float* up,
   return launch_mma<Weights, 2>(out, x, out_features, in_features, weights, workspace, tuning, stream);
 }
 
-bool aligned(const void* p, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
 }  // namespace
+
+bool linear_tensor_copies_supported() {
+  return clusters_supported() && tensor_map_encoder() != nullptr;
+}
 
 size_t linear_mma_partial_floats(int64_t rows, int64_t out_features, int64_t in_features,
                                  int64_t chunks_per_split) {

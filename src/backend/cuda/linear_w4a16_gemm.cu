@@ -28,7 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda/cp_async.cuh"  // shared_address
+#include "backend/cuda/cp_async.cuh"  // shared_address, bulk copies and their barriers
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
@@ -267,47 +267,6 @@ __global__ void w4a16_x_images_kernel(const uint4* x, uint4* images, int64_t row
                                 (p % 2) * kCoreBytes + (r % 8) * 16) =
           make_uint4(pairs[0][p], pairs[1][p], pairs[2][p], pairs[3][p]);
   }
-}
-
-// Bulk copies into shared memory that complete on a shared-memory barrier (sm_90; the wgmma path only).
-__device__ inline void barrier_init(uint64_t* barrier) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(shared_address(barrier)) : "memory");
-#endif
-}
-
-// The initialised barriers, visible to the bulk copies (the async proxy).
-__device__ inline void fence_barrier_init() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// `bytes` from global `from` to shared `to`; the barrier's phase completes when they have landed.
-__device__ inline void bulk_copy(void* to, const void* from, unsigned bytes, uint64_t* barrier) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)),
-               "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          shared_address(to)),
-      "l"(from), "r"(bytes), "r"(shared_address(barrier))
-      : "memory");
-#endif
-}
-
-__device__ inline void barrier_wait(uint64_t* barrier, unsigned phase) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(barrier)), "r"(phase)
-        : "memory");
-  } while (done == 0);
-#endif
 }
 
 // d (64 features x 256 rows, FP32) += A (this warp's 16 features x 16 k) B (x: 16 k x 256 rows).
