@@ -339,6 +339,26 @@ struct PackedInt4Weights {
     return w;
   }
 
+  // The TMA ring kernel's read of a chunk: the words of features g and g + 8 from the chunk's stage, their
+  // scales from the item's scale rows in shared memory at the chunk's first (vector scales: 4, 8-byte
+  // aligned; group 128: 1), as load_whole would have loaded them.
+  __device__ static Loaded read_staged(const uint4& low, const uint4& high, const unsigned short* scales_low,
+                                       const unsigned short* scales_high) {
+    Loaded w;
+    w.low = low;
+    w.high = high;
+    if constexpr (kScales == ScaleLoad::Vector) {
+      const uint2 l = *reinterpret_cast<const uint2*>(scales_low),
+                  h = *reinterpret_cast<const uint2*>(scales_high);
+      w.scale_low[0] = l.x, w.scale_low[1] = l.y;
+      w.scale_high[0] = h.x, w.scale_high[1] = h.y;
+    } else {
+      w.scale_low[0] = *scales_low;
+      w.scale_high[0] = *scales_high;
+    }
+    return w;
+  }
+
   // A partial chunk at the end of K keeps the checkpoint order: word q of each block is loaded alone.
   __device__ Loaded load(const Rows& r, int64_t chunk, int q) const {
     Loaded w{};
@@ -1008,12 +1028,14 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
     store_item_sums<kHalves>(a, item, acc[tile], first_feature + tile * kTileFeatures, g, q);
 }
 
-// The ring kernel's form with the copies made by the tensor memory accelerator (sm_90): W4A16 g32 weights
-// with vector scales, items of at most kTmaStages chunks. One thread requests every chunk of the item at
-// the kernel's start, each a [128 features x 16 words] box of the packed weights into a stage of its own,
-// and the item's scales as one [128 features x kTmaScaleBox] box, each completing on a barrier; the warps
-// wait on a chunk's barrier and read their words and scales back as they read the ring kernel's slots (no
-// per-lane copies, no refills). The arithmetic, x staging and sums are the ring kernel's: the same bits.
+// The ring kernel's form with the copies made by the tensor memory accelerator (sm_90): W4A16 weights of
+// group 32 (vector scales) or 128 (a scale a chunk), items of at most kTmaStages chunks. One thread requests
+// every chunk of the item at the kernel's start, each a [128 features x 16 words] box of the packed weights
+// into a stage of its own, and g32's scales as one [128 features x kTmaScaleBox] box, each completing on a
+// barrier (g128's scale rows, 2-byte aligned, fit no tensor map: each thread loads its feature's before the
+// PDL wait and stores them after it). The warps wait on a chunk's barrier and read their words and scales
+// back as they read the ring kernel's slots (no per-lane copies, no refills). The arithmetic, x staging and
+// sums are the ring kernel's: the same bits.
 constexpr int kTmaStages = kRingStageChunks;
 // A box's first column must start 16 bytes aligned (at 8 bytes, one-chunk items of odd splits stopped on an
 // illegal instruction), so an item's scales box starts at its first scale rounded down to 8: up to 4 before.
@@ -1033,15 +1055,16 @@ struct TmaRingLayout {
   }
 };
 
-template <typename S, int kHalves, bool kAlignedX>
+// scales_map: vector scales only.
+template <typename Weights, int kHalves, bool kAlignedX>
 __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
-    linear_ring_tma_kernel(MmaArgs a, const __grid_constant__ CUtensorMap packed_map,
+    linear_ring_tma_kernel(MmaArgs a, Weights weights, const __grid_constant__ CUtensorMap packed_map,
                            const __grid_constant__ CUtensorMap scales_map) {
-  using Weights = PackedInt4Weights<S, ScaleLoad::Vector>;
+  constexpr bool kVectorScales = Weights::kScaleWords == 2;
   constexpr int kRows = kHalves * 8;
   extern __shared__ __align__(128) uint4 tma_storage[];
   auto* const base = reinterpret_cast<char*>(tma_storage);
-  auto* const scales = reinterpret_cast<const unsigned short*>(base + TmaRingLayout::kScaleOffset);
+  auto* const scales = reinterpret_cast<unsigned short*>(base + TmaRingLayout::kScaleOffset);
   auto* const barriers = reinterpret_cast<uint64_t*>(base + TmaRingLayout::kBarrierOffset);
   auto* const x_values = reinterpret_cast<uint32_t*>(base + TmaRingLayout::kXOffset);
   const int t = static_cast<int>(threadIdx.x);
@@ -1051,26 +1074,43 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
   const MmaItem item = mma_item(a, blockIdx.x);
   const int chunks = static_cast<int>(item.end_chunk - item.first_chunk);
   const auto first_row = static_cast<int>(item.group * kRingGroupFeatures);
-  const auto first_scale = static_cast<int>(item.first_chunk) * kChunkBlocks;
-  const int scale_column = first_scale / kTmaScaleAlign * kTmaScaleAlign,
+  const auto first_scale = static_cast<int>(item.first_chunk) * (kVectorScales ? kChunkBlocks : 1);
+  const int scale_column = kVectorScales ? first_scale / kTmaScaleAlign * kTmaScaleAlign : first_scale,
             scale_shift = first_scale - scale_column;
   if (t == 0) {  // weights only: before the wait (pdl.cuh)
     for (int c = 0; c < chunks; ++c) barrier_init(&barriers[c]);
     fence_barrier_init();
     for (int c = 0; c < chunks; ++c) {
-      expect_bytes(&barriers[c], TmaRingLayout::kStageBytes + (c == 0 ? TmaRingLayout::kScaleBytes : 0));
-      if (c == 0)
+      expect_bytes(&barriers[c],
+                   TmaRingLayout::kStageBytes + (kVectorScales && c == 0 ? TmaRingLayout::kScaleBytes : 0));
+      if (kVectorScales && c == 0)
         tensor_copy_2d(base + TmaRingLayout::kScaleOffset, &scales_map, scale_column, first_row,
                        &barriers[0]);
       tensor_copy_2d(base + c * TmaRingLayout::kStageBytes, &packed_map,
                      static_cast<int>((item.first_chunk + c) * kPackedChunkWords), first_row, &barriers[c]);
     }
   }
+  // g128: this thread's feature's scales of the item (0 past the weight's rows), weights only: before the
+  // wait.
+  unsigned short own_scales[kVectorScales ? 1 : kTmaStages] = {};
+  if constexpr (!kVectorScales) {
+    if (first_row + t < a.out_features) {
+      const auto* row = reinterpret_cast<const unsigned short*>(weights.scales) +
+                        static_cast<int64_t>(first_row + t) * weights.scales_stride + first_scale;
+#pragma unroll
+      for (int c = 0; c < kTmaStages; ++c)
+        if (c < chunks) own_scales[c] = __ldg(row + c);
+    }
+  }
   __syncthreads();  // the barriers are initialised before anyone waits on them
   wait_for_previous_kernel();
   allow_next_kernel();
 
-  const XStage x_stage = stage_item_x<kRows, kAlignedX>(a, item, x_values, chunks);
+  if constexpr (!kVectorScales) {
+#pragma unroll
+    for (int c = 0; c < kTmaStages; ++c) scales[t * kTmaScaleBox + c] = own_scales[c];
+  }
+  const XStage x_stage = stage_item_x<kRows, kAlignedX>(a, item, x_values, chunks);  // a barrier at its end
 
   float acc[kRingTiles][kHalves][4] = {};
   for (int c = 0; c < chunks; ++c) {
@@ -1081,12 +1121,10 @@ __global__ void __launch_bounds__(kThreads, kRingBlocksPerMultiprocessor)
 #pragma unroll
     for (int tile = 0; tile < kRingTiles; ++tile) {
       const int low = warp * kRingTiles * kTileFeatures + tile * kTileFeatures + g, high = low + 8;
-      const uint2 scale_low =
-          *reinterpret_cast<const uint2*>(scales + low * kTmaScaleBox + scale_shift + c * kChunkBlocks);
-      const uint2 scale_high =
-          *reinterpret_cast<const uint2*>(scales + high * kTmaScaleBox + scale_shift + c * kChunkBlocks);
-      w[tile] = Weights::read_copied(stage[low * 4 + q], stage[high * 4 + q],
-                                     make_uint4(scale_low.x, scale_low.y, scale_high.x, scale_high.y), 0);
+      const int scale = scale_shift + c * (kVectorScales ? kChunkBlocks : 1);
+      w[tile] =
+          Weights::read_staged(stage[low * 4 + q], stage[high * 4 + q], scales + low * kTmaScaleBox + scale,
+                               scales + high * kTmaScaleBox + scale);
     }
     multiply_chunk<Weights, kHalves, kRingTiles>(acc, w, x_stage, c, g, q);
   }
@@ -1460,43 +1498,40 @@ bool encode_rows_map(CUtensorMap& map, const void* base, CUtensorMapDataType typ
 }
 
 // linear_ring_tma_kernel's launch, as launch_ring_kernel's (its shared memory allowed once).
-template <typename S, int kHalves, bool kAlignedX>
-cudaError_t launch_ring_tma_kernel(const MmaArgs& args, const CUtensorMap& packed_map,
+template <typename Weights, int kHalves, bool kAlignedX>
+cudaError_t launch_ring_tma_kernel(const MmaArgs& args, const Weights& weights, const CUtensorMap& packed_map,
                                    const CUtensorMap& scales_map, int64_t bytes, cudaStream_t stream) {
   static const cudaError_t attribute =
-      cudaFuncSetAttribute(linear_ring_tma_kernel<S, kHalves, kAlignedX>,
+      cudaFuncSetAttribute(linear_ring_tma_kernel<Weights, kHalves, kAlignedX>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
   if (attribute != cudaSuccess) return attribute;
-  return launch_kernel(linear_ring_tma_kernel<S, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
-                       kThreads, static_cast<size_t>(bytes), stream, args, packed_map, scales_map);
+  return launch_kernel(linear_ring_tma_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
+                       kThreads, static_cast<size_t>(bytes), stream, args, weights, packed_map, scales_map);
 }
 
-// The ring kernel through tensor copies where it can take the call (linear_ring_tma_kernel: g32 weights with
-// vector scales): true with the launch's status in `status`.
+// The ring kernel through tensor copies where it can take the call (linear_ring_tma_kernel): true with the
+// launch's status in `status`.
 template <int kHalves, typename Weights>
-bool launch_ring_tma(const MmaArgs&, const Weights&, bool, const LinearMmaTuning&, cudaStream_t,
-                     cudaError_t&) {
-  return false;
-}
-
-template <int kHalves, typename S>
-bool launch_ring_tma(const MmaArgs& args, const PackedInt4Weights<S, ScaleLoad::Vector>& weights,
-                     bool aligned_x, const LinearMmaTuning& tuning, cudaStream_t stream,
-                     cudaError_t& status) {
+bool launch_ring_tma(const MmaArgs& args, const Weights& weights, bool aligned_x,
+                     const LinearMmaTuning& tuning, cudaStream_t stream, cudaError_t& status) {
   const int64_t bytes = TmaRingLayout::bytes(kHalves * 8, args.chunks_per_split);
   if (!tuning.ring_tma || !clusters_supported() || args.chunks_per_split > kTmaStages ||
       bytes > kRingMaxBytes)
     return false;
-  CUtensorMap packed_map, scales_map;
+  CUtensorMap packed_map, scales_map{};
   const int64_t words = weights.blocks * (kBlockK / 8);
   if (!encode_rows_map(packed_map, weights.packed, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, args.out_features,
                        words, weights.packed_stride, kRingGroupFeatures,
-                       static_cast<uint32_t>(kPackedChunkWords)) ||
+                       static_cast<uint32_t>(kPackedChunkWords)))
+    return false;
+  if (Weights::kScaleWords == 2 &&
       !encode_rows_map(scales_map, weights.scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, args.out_features,
                        weights.blocks, weights.scales_stride, kRingGroupFeatures, kTmaScaleBox))
     return false;
-  status = aligned_x ? launch_ring_tma_kernel<S, kHalves, true>(args, packed_map, scales_map, bytes, stream)
-                     : launch_ring_tma_kernel<S, kHalves, false>(args, packed_map, scales_map, bytes, stream);
+  status = aligned_x ? launch_ring_tma_kernel<Weights, kHalves, true>(args, weights, packed_map, scales_map,
+                                                                      bytes, stream)
+                     : launch_ring_tma_kernel<Weights, kHalves, false>(args, weights, packed_map, scales_map,
+                                                                       bytes, stream);
   return true;
 }
 
