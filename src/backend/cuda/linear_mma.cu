@@ -1459,17 +1459,17 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
 // The ring kernel's shared memory is at most this (3 blocks of it fit an H200 SM's 227 KB).
 constexpr int64_t kRingMaxBytes = 74 * 1024;
 
-template <typename Weights, int kHalves, bool kAlignedX>
-cudaError_t launch_ring_kernel(const MmaArgs& args, const Weights& weights, int64_t bytes,
-                               cudaStream_t stream) {
-  static const cudaError_t attribute =
-      cudaFuncSetAttribute(linear_ring_kernel<Weights, kHalves, kAlignedX>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
+// A ring kernel's launch (linear_ring_kernel or its TMA form, kKernel): a block an item with `bytes` of
+// shared memory (up to kRingMaxBytes, allowed once per kernel), then the split sums.
+template <auto kKernel, typename... Params>
+cudaError_t launch_ring_form(const MmaArgs& args, int64_t bytes, cudaStream_t stream,
+                             const Params&... params) {
+  static const cudaError_t attribute = cudaFuncSetAttribute(
+      kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
   if (attribute != cudaSuccess) return attribute;
-  return launch_split_sums_after(
-      launch_kernel(linear_ring_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
-                    kThreads, static_cast<size_t>(bytes), stream, args, weights),
-      args, stream);
+  return launch_split_sums_after(launch_kernel(kKernel, static_cast<unsigned>(args.items), kThreads,
+                                               static_cast<size_t>(bytes), stream, args, params...),
+                                 args, stream);
 }
 
 bool aligned(const void* p, uintptr_t bytes) {
@@ -1514,20 +1514,6 @@ bool encode_rows_map(CUtensorMap& map, const void* base, CUtensorMapDataType typ
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// linear_ring_tma_kernel's launch, as launch_ring_kernel's (its shared memory allowed once).
-template <typename Weights, int kHalves, bool kAlignedX>
-cudaError_t launch_ring_tma_kernel(const MmaArgs& args, const Weights& weights, const CUtensorMap& packed_map,
-                                   const CUtensorMap& scales_map, int64_t bytes, cudaStream_t stream) {
-  static const cudaError_t attribute =
-      cudaFuncSetAttribute(linear_ring_tma_kernel<Weights, kHalves, kAlignedX>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
-  if (attribute != cudaSuccess) return attribute;
-  return launch_split_sums_after(
-      launch_kernel(linear_ring_tma_kernel<Weights, kHalves, kAlignedX>, static_cast<unsigned>(args.items),
-                    kThreads, static_cast<size_t>(bytes), stream, args, weights, packed_map, scales_map),
-      args, stream);
-}
-
 // The ring kernel through tensor copies where it can take the call (linear_ring_tma_kernel): true with the
 // launch's status in `status`.
 template <int kHalves, typename Weights>
@@ -1547,10 +1533,10 @@ bool launch_ring_tma(const MmaArgs& args, const Weights& weights, bool aligned_x
       !encode_rows_map(scales_map, weights.scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, args.out_features,
                        weights.blocks, weights.scales_stride, kRingGroupFeatures, kTmaScaleBox))
     return false;
-  status = aligned_x ? launch_ring_tma_kernel<Weights, kHalves, true>(args, weights, packed_map, scales_map,
-                                                                      bytes, stream)
-                     : launch_ring_tma_kernel<Weights, kHalves, false>(args, weights, packed_map, scales_map,
-                                                                       bytes, stream);
+  status = aligned_x ? launch_ring_form<linear_ring_tma_kernel<Weights, kHalves, true>>(
+                           args, bytes, stream, weights, packed_map, scales_map)
+                     : launch_ring_form<linear_ring_tma_kernel<Weights, kHalves, false>>(
+                           args, bytes, stream, weights, packed_map, scales_map);
   return true;
 }
 
@@ -1583,8 +1569,10 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
       ring_args.items = (out_features + kRingGroupFeatures - 1) / kRingGroupFeatures * split.splits * passes;
       cudaError_t status = cudaSuccess;
       if (launch_ring_tma<kHalves>(ring_args, weights, aligned_x, tuning, stream, status)) return status;
-      if (aligned_x) return launch_ring_kernel<Weights, kHalves, true>(ring_args, weights, bytes, stream);
-      return launch_ring_kernel<Weights, kHalves, false>(ring_args, weights, bytes, stream);
+      if (aligned_x)
+        return launch_ring_form<linear_ring_kernel<Weights, kHalves, true>>(ring_args, bytes, stream,
+                                                                            weights);
+      return launch_ring_form<linear_ring_kernel<Weights, kHalves, false>>(ring_args, bytes, stream, weights);
     }
   }
   // Vector scales come with whole chunks only: their kernels without whole chunks are never built.
