@@ -866,6 +866,122 @@ std::pair<LinearWeight, LinearWeight> random_mlp_weight(std::mt19937& rng, int64
   return {cpu, gpu};
 }
 
+// A linear's split partials left to the op that reads its output (LinearMmaWorkspace::unsummed_splits): the
+// residual norm and silu_mul add them in split order themselves, which must give, bit for bit, what the sums
+// kernel and the plain op give, and store the sums into the linear's output as the sums kernel would. Cases:
+// the 4B's down projection into the residual norm (quads kernel) and its gate|up into silu_mul (float4
+// kernel); hidden 1002 (the element-wise norm) and intermediate 1002 (unaligned up columns), where the ops
+// run the sums kernel first. Then the same through the backend (linear, then add_rmsnorm or
+// silu_gated_linear) against the GPU's ops with the linear's output read back in between.
+TEST(CudaOps, SplitPartialsSummedByTheirReader) {
+  std::mt19937 rng(65);
+  auto& b = backends();
+  constexpr int64_t kRows = 16;
+  struct Case {
+    int64_t n, k;  // the linear's
+    bool gated;    // silu_mul of [gate | up] (n = 2 I) instead of the residual norm
+  };
+  for (const Case& c :
+       {Case{2560, 9216, false}, Case{18432, 2560, true}, Case{1002, 2560, false}, Case{2004, 2560, true}}) {
+    const WeightPair packed = random_packed_int4(rng, c.n, c.k);
+    const WeightPair scales =
+        b.weight(DType::BF16, c.n, c.k / 32, random_floats(rng, c.n * c.k / 32, 0.002f, 0.02f));
+    const LinearWeight w{c.n, c.k, {}, packed.gpu, scales.gpu, 32, {}};
+    const TensorPair x = b.activation(kRows, c.k, random_floats(rng, kRows * c.k, -1.0f, 1.0f));
+    const std::string label = fmt::format("linear W4A16 g32 M={} N={} K={} into {}", kRows, c.n, c.k,
+                                          c.gated ? "silu_mul" : "the residual norm");
+    // The ops' other operands, two copies of each for the ops that they update.
+    const int64_t width = c.gated ? c.n / 2 : c.n;
+    const WeightPair norm_weight = b.weight(DType::BF16, 1, width, random_floats(rng, width, -0.5f, 0.5f));
+    const std::vector<float> residual = random_floats(rng, kRows * width, -3.0f, 3.0f);
+    TensorPair linear_out = b.poisoned(kRows, c.n), summed = b.poisoned(kRows, c.n);
+    TensorPair fused_x = b.activation(kRows, width, residual), plain_x = b.activation(kRows, width, residual);
+    TensorPair fused = b.poisoned(kRows, width), plain = b.poisoned(kRows, width);
+    const LinearMmaWorkspaceBuffers workspace_buffers(b.gpu(), kRows, c.n, c.k);
+    cuda::LinearMmaWorkspace workspace = workspace_buffers.get();
+    int splits = 0;
+    workspace.unsummed_splits = &splits;
+    b.gpu().synchronize();
+    cuda::check_cuda(cuda::launch_linear_mma(linear_out.gpu(), x.gpu(), w, workspace, nullptr), "linear");
+    ASSERT_GT(splits, 1) << label << ": the linear left no partials, so nothing here reads them";
+    const cuda::UnsummedSplits unsummed =
+        cuda::UnsummedSplits::packed(workspace.partials, splits, kRows, c.n);
+    cuda::check_cuda(cuda::launch_split_partial_sums(summed.gpu(), unsummed, nullptr), "sums kernel");
+    if (c.gated) {
+      const int64_t i = c.n / 2;
+      const Tensor out = linear_out.gpu(), sums = summed.gpu();
+      cuda::check_cuda(
+          cuda::launch_elementwise(cuda::Elementwise::SiluMul, fused.gpu(), out.cols_view(0, i),
+                                   out.cols_view(i, i), nullptr, unsummed, unsummed.cols_from(i)),
+          "silu_mul of the partials");
+      cuda::check_cuda(cuda::launch_elementwise(cuda::Elementwise::SiluMul, plain.gpu(), sums.cols_view(0, i),
+                                                sums.cols_view(i, i), nullptr),
+                       "silu_mul of the sums");
+    } else {
+      cuda::check_cuda(cuda::launch_add_rmsnorm(fused.gpu(), fused_x.gpu(), linear_out.gpu(), unsummed,
+                                                norm_weight.gpu, 1e-6f, true, nullptr),
+                       "add_rmsnorm of the partials");
+      cuda::check_cuda(cuda::launch_add_rmsnorm(plain.gpu(), plain_x.gpu(), summed.gpu(), {}, norm_weight.gpu,
+                                                1e-6f, true, nullptr),
+                       "add_rmsnorm of the sums");
+    }
+    cuda::check_cuda(cudaDeviceSynchronize(), "split partials' readers");
+    const std::vector<float> sums = b.read_gpu(summed.gpu());
+    expect_close("split sums", label + ": the op's stored sums vs the sums kernel's",
+                 b.read_gpu(linear_out.gpu()), sums, kExact);
+    expect_close("split sums", label + ": output", b.read_gpu(fused.gpu()), b.read_gpu(plain.gpu()), kExact);
+    expect_close("split sums", label + ": updated residual", b.read_gpu(fused_x.gpu()),
+                 b.read_gpu(plain_x.gpu()), kExact);
+
+    // Through the backend: the linear's output left unsummed for its reader, against the same ops with the
+    // output read in between (which sums it first).
+    // Everything made before the linear: an upload or a write between it and its reader sums its partials.
+    TensorPair backend_x = b.activation(kRows, width, residual), backend_out = b.poisoned(kRows, width);
+    constexpr int64_t kDownFeatures = 64;  // gated: backend_out is silu_gated_linear's act (the down's x)
+    const WeightPair down_weight =
+        b.weight(DType::BF16, kDownFeatures, width, random_floats(rng, kDownFeatures * width, -0.05f, 0.05f));
+    const LinearWeight down{kDownFeatures, width, down_weight.gpu, {}, {}, 0, {}};
+    TensorPair down_out = b.poisoned(kRows, kDownFeatures);
+    linear_out = b.poisoned(kRows, c.n);
+    b.gpu().linear(linear_out.gpu(), x.gpu(), w);
+    if (c.gated) {
+      b.gpu().silu_gated_linear(down_out.gpu(), linear_out.gpu(), backend_out.gpu(), down);
+    } else {
+      b.gpu().add_rmsnorm(backend_out.gpu(), backend_x.gpu(), linear_out.gpu(), norm_weight.gpu, 1e-6f, true);
+    }
+    expect_close("split sums", label + ": through the backend", b.read_gpu(backend_out.gpu()),
+                 b.read_gpu(plain.gpu()), kExact);
+    expect_close("split sums", label + ": the linear's output through the backend",
+                 b.read_gpu(linear_out.gpu()), sums, kExact);
+  }
+}
+
+// A linear's output freed while its split partials wait for their reader: their sums must not be stored into
+// the freed memory, nor into a buffer allocated in its place (compute-sanitizer's pass of these tests caught
+// that write before the buffers dropped a freed output's partials).
+TEST(CudaOps, LinearOutputFreedBeforeItsSums) {
+  std::mt19937 rng(66);
+  auto& b = backends();
+  constexpr int64_t kRows = 16, kN = 2560, kK = 9216;
+  const WeightPair packed = random_packed_int4(rng, kN, kK);
+  const WeightPair scales =
+      b.weight(DType::BF16, kN, kK / 32, random_floats(rng, kN * kK / 32, 0.002f, 0.02f));
+  const LinearWeight w{kN, kK, {}, packed.gpu, scales.gpu, 32, {}};
+  const TensorPair x = b.activation(kRows, kK, random_floats(rng, kRows * kK, -1.0f, 1.0f));
+  ASSERT_GT(cuda::linear_mma_partial_floats(kRows, kN, kK), 0u) << "the linear splits K";
+  b.gpu().linear(b.gpu().alloc(DType::F32, kRows, kN)->tensor(), x.gpu(), w);
+  const std::unique_ptr<Buffer> next = b.gpu().alloc(DType::F32, kRows, kN);
+  const std::vector<float> values = random_floats(rng, kRows * kN, -1.0f, 1.0f);
+  // Filled past the backend (whose ops would sum pending partials first), then read through it: stray sums
+  // (the freed output's, at what is likely the same address) would land over these values.
+  cuda::check_cuda(cudaDeviceSynchronize(), "the linear");
+  cuda::check_cuda(
+      cudaMemcpy(next->tensor().data, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice),
+      "fill");
+  expect_close("split sums", "a buffer allocated after the linear's output was freed",
+               b.read_gpu(next->tensor()), values, kExact);
+}
+
 // --bf16-copies off (BackendOptions::bf16_copies) reaches the backend: it makes no copy.
 TEST(CudaOps, NoDequantizedCopyWithBf16CopiesOff) {
   std::mt19937 rng(65);

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -31,15 +34,33 @@ constexpr int64_t kMaxRows = 65535;
 // Rows of logits the argmax workspace holds at least.
 constexpr int64_t kArgmaxWorkspaceRows = 64;
 
+// The last linear's output when its split partials were left for the op that reads it (add_rmsnorm's
+// delta, silu_gated_linear's gate_up): one sums kernel node fewer in a verify or draft step for each.
+// Shared with the buffers, so that a buffer freed first drops it: no sums kernel may write freed memory.
+struct UnsummedOutput {
+  Tensor values;
+  UnsummedSplits splits;
+};
+
 class CudaBuffer final : public Buffer {
  public:
-  CudaBuffer(DType dtype, int64_t rows, int64_t cols)
-      : memory_(static_cast<size_t>(rows * cols) * dtype_size(dtype)) {
+  CudaBuffer(DType dtype, int64_t rows, int64_t cols, std::weak_ptr<UnsummedOutput> unsummed)
+      : memory_(static_cast<size_t>(rows * cols) * dtype_size(dtype)), unsummed_(std::move(unsummed)) {
     tensor_ = Tensor::make(dtype, rows, cols, memory_.data());
   }
+  ~CudaBuffer() override {
+    const std::shared_ptr<UnsummedOutput> unsummed = unsummed_.lock();
+    if (!unsummed || !unsummed->splits.any()) return;
+    const auto begin = reinterpret_cast<uintptr_t>(memory_.data()),
+               at = reinterpret_cast<uintptr_t>(unsummed->values.data);
+    if (at >= begin && at < begin + memory_.bytes()) *unsummed = UnsummedOutput{};
+  }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
 
  private:
   DeviceMemory memory_;
+  std::weak_ptr<UnsummedOutput> unsummed_;
 };
 
 size_t pitch_bytes(const Tensor& t) {
@@ -102,7 +123,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> alloc(DType dtype, int64_t rows, int64_t cols) override {
     require_main_stream("alloc");
     check_alloc_args(rows, cols);
-    return std::make_unique<CudaBuffer>(dtype, rows, cols);
+    return std::make_unique<CudaBuffer>(dtype, rows, cols, unsummed_);
   }
 
   Tensor upload_weight(const TensorView& view, int64_t rows, int64_t cols) override {
@@ -133,7 +154,7 @@ class CudaBackend final : public Backend {
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     if (static_cast<double>(free) - bytes < 0.25 * static_cast<double>(total)) return nullptr;
-    auto copy = std::make_unique<CudaBuffer>(DType::BF16, w.out_features, w.in_features);
+    auto copy = std::make_unique<CudaBuffer>(DType::BF16, w.out_features, w.in_features, unsummed_);
     GemmLinear::dequantize(copy->tensor().data, w, stream());
     return copy;
   }
@@ -208,13 +229,16 @@ class CudaBackend final : public Backend {
       ops();
       return;
     }
+    settle_split_sums();  // on the main stream, before the side stream starts after it
     check_cuda(cudaEventRecord(issued_->get(), stream_->get()), "beside: cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(side_stream_->get(), issued_->get(), 0), "beside: cudaStreamWaitEvent");
     on_side_ = true;
     side_pending_ = true;  // also after a throw: whatever `ops` issued is waited for
     try {
       ops();
+      settle_split_sums();  // on the side stream, before its end is recorded
     } catch (...) {
+      *unsummed_ = UnsummedOutput{};  // a failed op's partials: no sums kernel on the wrong stream
       on_side_ = false;
       static_cast<void>(cudaEventRecord(side_done_->get(), side_stream_->get()));
       throw;
@@ -234,8 +258,32 @@ class CudaBackend final : public Backend {
   uint64_t workspace_generation() const override {
     return workspace_generation_ + (gemm_ ? gemm_->scratch_generation() : 0);
   }
+  // A replay, like any op, comes after the pending split sums: the graph reads its inputs from memory and may
+  // overwrite the partials.
+  class SettlingStepGraph final : public StepGraph {
+   public:
+    SettlingStepGraph(CudaBackend& backend, std::unique_ptr<StepGraph> graph)
+        : backend_(backend), graph_(std::move(graph)) {}
+    void launch() override {
+      backend_.settle_split_sums();
+      graph_->launch();
+    }
+
+   private:
+    CudaBackend& backend_;
+    std::unique_ptr<StepGraph> graph_;
+  };
+
   std::unique_ptr<StepGraph> capture(const std::function<void()>& record) override {
-    return capture_graph(stream(), record);
+    return std::make_unique<SettlingStepGraph>(*this, capture_graph(stream(), [&] {
+      try {
+        record();
+        settle_split_sums();  // inside the graph
+      } catch (...) {
+        *unsummed_ = UnsummedOutput{};  // a linear only recorded, never run: no sums of its partials
+        throw;
+      }
+    }));
   }
 
   void embed(const Tensor& out, const Tensor& table, const Tensor& ids) override {
@@ -253,7 +301,9 @@ class CudaBackend final : public Backend {
                    bool unit_offset) override {
     check_add_rmsnorm_args(out, x, delta, weight);
     require_rows_limit("add_rmsnorm", x.rows);
-    check_cuda(launch_add_rmsnorm(out, x, delta, weight, eps, unit_offset, stream()), "add_rmsnorm");
+    const UnsummedSplits delta_splits = take_unsummed(delta, {x, out});
+    check_cuda(launch_add_rmsnorm(out, x, delta, delta_splits, weight, eps, unit_offset, stream()),
+               "add_rmsnorm");
   }
 
   // Prefill: the norm kernel writes the rows in BF16 straight into cuBLAS's operand (and in F32 only when
@@ -288,8 +338,12 @@ class CudaBackend final : public Backend {
   void linear(const Tensor& out, const Tensor& x, const LinearWeight& w) override {
     check_linear_args(out, x, w);
     if (linear_mma_supports(x, w)) {
-      check_cuda(launch_linear_mma(out, x, w, linear_mma_workspace(x.rows, w), stream()),
-                 "linear (tensor cores)");
+      LinearMmaWorkspace workspace = linear_mma_workspace(x.rows, w);
+      int splits = 0;
+      workspace.unsummed_splits = &splits;
+      check_cuda(launch_linear_mma(out, x, w, workspace, stream()), "linear (tensor cores)");
+      if (splits > 1)
+        *unsummed_ = {out, UnsummedSplits::packed(workspace.partials, splits, out.rows, out.cols)};
       return;
     }
     if (gemm_takes(x, w)) {
@@ -309,19 +363,23 @@ class CudaBackend final : public Backend {
   // every way.
   void silu_gated_linear(const Tensor& out, const Tensor& gate_up, const Tensor& act,
                          const LinearWeight& w) override {
+    check_silu_gated_linear_args(out, gate_up, act, w);
     const bool one_row = gated_linear_mma_supports(gate_up, w);
-    const bool gemm = gemm_takes(gate_up, w);
-    if (!one_row && !gemm) {
-      Backend::silu_gated_linear(out, gate_up, act, w);  // checks the arguments itself
+    const int64_t intermediate = w.in_features;
+    if (!one_row && !gemm_takes(gate_up, w)) {  // the two ops, gate_up's split sums made by silu_mul's kernel
+      const UnsummedSplits splits = take_unsummed(gate_up, {act});
+      check_cuda(launch_elementwise(Elementwise::SiluMul, act, gate_up.cols_view(0, intermediate),
+                                    gate_up.cols_view(intermediate, intermediate), stream(), splits,
+                                    splits.cols_from(intermediate)),
+                 "silu_gated_linear (silu_mul)");
+      linear(out, act, w);
       return;
     }
-    check_silu_gated_linear_args(out, gate_up, act, w);
     if (one_row) {
       check_cuda(launch_gated_linear_mma(out, gate_up, w, linear_mma_workspace(gate_up.rows, w), stream()),
                  "silu_gated_linear (tensor cores)");
       return;
     }
-    const int64_t intermediate = w.in_features;
     gemm_linear().run(out, gate_up.cols_view(0, intermediate),
                       gate_up.cols_view(intermediate, intermediate).ptr<const float>(), RowGate::SiluMul, w,
                       stream());
@@ -563,8 +621,34 @@ class CudaBackend final : public Backend {
                  "attention_prologue");
   }
 
-  // Where ops go: the main stream, or inside beside() the side stream.
-  cudaStream_t stream() const { return on_side_ ? side_stream_->get() : stream_->get(); }
+  // Where ops go: the main stream, or inside beside() the side stream. An op that asks for it reads its
+  // inputs from memory, so a linear's partials left unsummed are summed first.
+  cudaStream_t stream() {
+    settle_split_sums();
+    return current_stream();
+  }
+  cudaStream_t current_stream() const { return on_side_ ? side_stream_->get() : stream_->get(); }
+
+  // A linear's output left unsummed (UnsummedOutput): any other op, or a later linear, has it summed first
+  // (stream()), on the stream the linear ran on (beside() settles before it switches).
+  void settle_split_sums() {
+    if (!unsummed_->splits.any()) return;
+    const UnsummedOutput u = std::exchange(*unsummed_, UnsummedOutput{});
+    check_cuda(launch_split_partial_sums(u.values, u.splits, current_stream()), "linear (split sums)");
+  }
+
+  // The unsummed partials of `values` (the last linear's whole output), handed to the op that reads them;
+  // none (the values are in memory) for any other tensor, or where the op's other operands overlap them
+  // (they would read or write the values before their sums are stored).
+  UnsummedSplits take_unsummed(const Tensor& values, std::initializer_list<Tensor> others) {
+    const Tensor& last = unsummed_->values;
+    if (!unsummed_->splits.any() || values.data != last.data || values.rows != last.rows ||
+        values.cols != last.cols || values.stride != last.stride)
+      return {};
+    for (const Tensor& other : others)
+      if (other.overlaps(values)) return {};
+    return std::exchange(*unsummed_, UnsummedOutput{}).splits;
+  }
 
   void require_main_stream(const char* what) const {
     if (on_side_) fail("{}: not allowed inside Backend::beside (ops only)", what);
@@ -602,6 +686,7 @@ class CudaBackend final : public Backend {
   // Grown outside step graphs: a step's first run is direct, and only a later run of the same shape is
   // recorded.
   LinearMmaWorkspace linear_mma_workspace(int64_t rows, const LinearWeight& w) {
+    settle_split_sums();  // before the partials they read are overwritten or freed
     grow(linear_partials_, linear_mma_partial_floats(rows, w.out_features, w.in_features) * sizeof(float));
     return {static_cast<float*>(linear_partials_.data())};
   }
@@ -623,8 +708,10 @@ class CudaBackend final : public Backend {
   DeviceMemory attention_workspace_;   // attention's split partials and prefill's BF16 K/V
   DeviceMemory gdn_workspace_;         // the chunked gated delta rule's per-chunk operands
   DeviceMemory linear_partials_;       // split-K partial sums of the tensor-core linear
-  DeviceMemory argmax_workspace_;      // argmax's per-slice candidates
-  std::unique_ptr<GemmLinear> gemm_;   // many-row linear on cuBLAS, made on first use
+  // The last linear's, where it left them to its output's reader (the buffers hold it weakly).
+  std::shared_ptr<UnsummedOutput> unsummed_ = std::make_shared<UnsummedOutput>();
+  DeviceMemory argmax_workspace_;     // argmax's per-slice candidates
+  std::unique_ptr<GemmLinear> gemm_;  // many-row linear on cuBLAS, made on first use
 };
 
 }  // namespace

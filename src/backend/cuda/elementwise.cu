@@ -1,10 +1,12 @@
 // Elementwise ops on F32 activations (add, silu_mul, sigmoid_mul) and the per-head query/gate split. Rows may
 // be strided; out may alias an input (each element is read before it is written, by the same thread).
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/split_sums.cuh"
 
 namespace qspec::cuda {
 
@@ -27,18 +29,27 @@ __device__ inline float combine(float a, float b) {
 
 // Grid (column blocks, rows; rows beyond grid.y's limit in strides): no division per element. kAligned:
 // every row of the three views 16-byte aligned and a multiple of 4 columns (float4 loads and stores).
-template <Elementwise kOp, bool kAligned>
-__global__ void elementwise_kernel(float* out, int64_t out_stride, const float* a, int64_t a_stride,
-                                   const float* b, int64_t b_stride, int64_t rows, int cols) {
+// kSplits (aligned only): a's and b's values are their split partials' sums, stored into a and b too.
+template <Elementwise kOp, bool kAligned, bool kSplits>
+__global__ void elementwise_kernel(float* out, int64_t out_stride, float* a, int64_t a_stride, float* b,
+                                   int64_t b_stride, int64_t rows, int cols, UnsummedSplits a_splits,
+                                   UnsummedSplits b_splits) {
   wait_for_previous_kernel();
   allow_next_kernel();
   const int c = (static_cast<int>(blockIdx.x) * kRowBlock + static_cast<int>(threadIdx.x)) * kRowColumns;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float* a_row = a + r * a_stride + c;
-    const float* b_row = b + r * b_stride + c;
+    float* a_row = a + r * a_stride + c;
+    float* b_row = b + r * b_stride + c;
     float* out_row = out + r * out_stride + c;
-    if constexpr (kAligned) {
+    if constexpr (kSplits) {
+      const float4 va = sum4_in_split_order(a_splits, r, c);
+      const float4 vb = sum4_in_split_order(b_splits, r, c);
+      *reinterpret_cast<float4*>(a_row) = va;
+      *reinterpret_cast<float4*>(b_row) = vb;
+      *reinterpret_cast<float4*>(out_row) = make_float4(combine<kOp>(va.x, vb.x), combine<kOp>(va.y, vb.y),
+                                                        combine<kOp>(va.z, vb.z), combine<kOp>(va.w, vb.w));
+    } else if constexpr (kAligned) {
       const float4 va = *reinterpret_cast<const float4*>(a_row);
       const float4 vb = *reinterpret_cast<const float4*>(b_row);
       *reinterpret_cast<float4*>(out_row) = make_float4(combine<kOp>(va.x, vb.x), combine<kOp>(va.y, vb.y),
@@ -67,29 +78,43 @@ __global__ void split_query_gate_kernel(float* query, int64_t query_stride, floa
 }
 
 template <Elementwise kOp>
-cudaError_t launch_op(const Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t stream) {
+cudaError_t launch_op(const Tensor& out, const Tensor& a, const Tensor& b, const UnsummedSplits& a_splits,
+                      const UnsummedSplits& b_splits, cudaStream_t stream) {
   constexpr int kColumnsPerBlock = kRowBlock * kRowColumns;
   const dim3 grid = column_blocks_by_rows(a.rows, a.cols, kColumnsPerBlock);
   const bool aligned = a.cols % kRowColumns == 0 && rows_aligned_to_float4(out) &&
                        rows_aligned_to_float4(a) && rows_aligned_to_float4(b);
   const int cols = static_cast<int>(a.cols);
-  return launch_kernel(aligned ? elementwise_kernel<kOp, true> : elementwise_kernel<kOp, false>, grid,
-                       kRowBlock, 0, stream, out.ptr<float>(), out.stride, a.ptr<const float>(), a.stride,
-                       b.ptr<const float>(), b.stride, a.rows, cols);
+  const auto launch = [&](auto kernel, const UnsummedSplits& a_source, const UnsummedSplits& b_source) {
+    return launch_kernel(kernel, grid, kRowBlock, 0, stream, out.ptr<float>(), out.stride, a.ptr<float>(),
+                         a.stride, b.ptr<float>(), b.stride, a.rows, cols, a_source, b_source);
+  };
+  if (a_splits.any() && b_splits.any() && a_splits.splits == b_splits.splits && aligned &&
+      a_splits.float4_aligned() && b_splits.float4_aligned())
+    return launch(elementwise_kernel<kOp, true, true>, a_splits, b_splits);
+  // Otherwise the sums kernel stores the values first.
+  for (const auto& [values, splits] : {std::pair{a, a_splits}, std::pair{b, b_splits}})
+    if (splits.any()) {
+      const cudaError_t status = launch_split_partial_sums(values, splits, stream);
+      if (status != cudaSuccess) return status;
+    }
+  return launch(aligned ? elementwise_kernel<kOp, true, false> : elementwise_kernel<kOp, false, false>,
+                UnsummedSplits{}, UnsummedSplits{});
 }
 
 }  // namespace
 
 cudaError_t launch_elementwise(Elementwise op, const Tensor& out, const Tensor& a, const Tensor& b,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const UnsummedSplits& a_splits,
+                               const UnsummedSplits& b_splits) {
   if (a.numel() == 0) return cudaSuccess;
   switch (op) {
     case Elementwise::Add:
-      return launch_op<Elementwise::Add>(out, a, b, stream);
+      return launch_op<Elementwise::Add>(out, a, b, a_splits, b_splits, stream);
     case Elementwise::SiluMul:
-      return launch_op<Elementwise::SiluMul>(out, a, b, stream);
+      return launch_op<Elementwise::SiluMul>(out, a, b, a_splits, b_splits, stream);
     case Elementwise::SigmoidMul:
-      return launch_op<Elementwise::SigmoidMul>(out, a, b, stream);
+      return launch_op<Elementwise::SigmoidMul>(out, a, b, a_splits, b_splits, stream);
   }
   return cudaErrorInvalidValue;
 }

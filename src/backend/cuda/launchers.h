@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "backend/tensor.h"
 
@@ -26,12 +27,38 @@ cudaError_t launch_embed(const Tensor& out, const Tensor& table, const Tensor& i
 cudaError_t launch_kv_store(const Tensor& cache, const Tensor& x, const Tensor& positions,
                             cudaStream_t stream);
 
+// A tensor whose values are a linear's split-K partials not yet added (LinearMmaWorkspace::unsummed_splits):
+// value (r, c) is the sum, in split order from zero (split_sums.cuh), of partials[s * split_stride +
+// r * row_stride + c] over s < splits. An op that takes one reads the partials and also stores their sums
+// into the tensor, so that it holds the values the sums kernel would have stored. splits <= 1: the tensor
+// holds its values.
+struct UnsummedSplits {
+  const float* partials = nullptr;
+  int splits = 1;
+  int64_t row_stride = 0, split_stride = 0;
+  // Partials laid out [splits][rows][cols], as the linears leave them.
+  static UnsummedSplits packed(const float* partials, int splits, int64_t rows, int64_t cols) {
+    return {partials, splits, cols, rows * cols};
+  }
+  bool any() const { return splits > 1; }
+  // Whether four consecutive values' partials are 16-byte aligned wherever a float4-aligned row's are.
+  bool float4_aligned() const {
+    return !any() || (row_stride % 4 == 0 && split_stride % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(partials) % (4 * sizeof(float)) == 0);
+  }
+  // The same partials for a view of the tensor `columns` columns in.
+  UnsummedSplits cols_from(int64_t columns) const {
+    return {any() ? partials + columns : nullptr, splits, row_stride, split_stride};
+  }
+};
+
 // norm.cu: RMSNorm over groups of weight.cols columns; the gated form when z is non-empty.
 cudaError_t launch_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& z,
                            float eps, bool unit_offset, cudaStream_t stream);
-// x += delta, then out = rmsnorm(x) (x updated in place).
-cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
-                               float eps, bool unit_offset, cudaStream_t stream);
+// x += delta, then out = rmsnorm(x) (x updated in place); delta's values may still be split partials.
+cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta,
+                               const UnsummedSplits& delta_splits, const Tensor& weight, float eps,
+                               bool unit_offset, cudaStream_t stream);
 // The norm whose rows a cuBLAS GEMM reads (gemm_linear.h): rmsnorm(x), after x += delta when delta is
 // non-empty, into `operand` (x.rows * x.cols BF16 values, contiguous) rounded as launch_rows_to_bf16 rounds
 // F32 rows, and into out as F32 when out is non-empty. Lets no kernel in early (pdl.cuh: cuBLAS comes next).
@@ -56,8 +83,12 @@ cudaError_t launch_w4a16_linear(const Tensor& out, const Tensor& x, const Tensor
 // about 32 rows on (prefill of 64 tokens 11.5 -> 9.7 ms, of 128 tokens 18.9 -> 10.5 ms on the H200 with the
 // limit at 32 instead of 128; session 9).
 inline constexpr int64_t kLinearMmaMaxRows = 32;
+// unsummed_splits, where given, takes a split call's sums off the call: it is set to the splits whose
+// partials are left in `partials` ([splits][rows][out_features]) for the op that reads the output
+// (UnsummedSplits), or to 0 where the call left none (K whole, or added inside clusters).
 struct LinearMmaWorkspace {
   float* partials = nullptr;
+  int* unsummed_splits = nullptr;
 };
 // The kernels' knobs, for benchmarks and tests (0: the default). chunks_per_split (128 k each) sets the
 // split of K, and with it the order of a row's sums; grid_blocks (default: one block per item) sets how many
@@ -94,10 +125,9 @@ bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w);
 cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream);
 
-// The sums of a split call's partials ([splits][out.rows][out.cols] floats) into out, each element's splits
-// added in split order (linear_mma.cu's sum_split_partials_kernel).
-cudaError_t launch_split_partial_sums(const Tensor& out, const float* partials, int splits,
-                                      cudaStream_t stream);
+// The sums of a split call's partials into out, each element's splits added in split order (linear_mma.cu's
+// sum_split_partials_kernel).
+cudaError_t launch_split_partial_sums(const Tensor& out, const UnsummedSplits& splits, cudaStream_t stream);
 
 // linear_w4a16_gemm.cu: out = x W^T for many rows of x (prefill chunks) from W4A16 weights on tensor cores,
 // x in BF16 [out.rows, K] (contiguous, 16-byte aligned: GemmLinear's operand) and each weight rounded to BF16
@@ -139,8 +169,10 @@ cudaError_t launch_dequantize_w4a16(void* out, const LinearWeight& w, int64_t fi
 
 // elementwise.cu
 enum class Elementwise { Add, SiluMul, SigmoidMul };
+// a's and b's values may still be split partials (then stored into a and b as well).
 cudaError_t launch_elementwise(Elementwise op, const Tensor& out, const Tensor& a, const Tensor& b,
-                               cudaStream_t stream);
+                               cudaStream_t stream, const UnsummedSplits& a_splits = {},
+                               const UnsummedSplits& b_splits = {});
 cudaError_t launch_split_query_gate(const Tensor& query, const Tensor& gate, const Tensor& qg, int head_dim,
                                     cudaStream_t stream);
 

@@ -43,6 +43,7 @@
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/packed_int4_order.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/split_sums.cuh"
 
 namespace qspec::cuda {
 
@@ -718,24 +719,6 @@ __device__ inline void fold_chunk(float (&acc)[kHalves][4], const float (&chunk)
     for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(inverse[h][i % 2], chunk[h][i], acc[h][i]);
 }
 
-// A sum of split partials in split order from zero (the rule that makes a row's result independent of the
-// call): split s's partial is load(s). Eight splits' loads are issued together: each round is one round trip
-// (to L2 for the sums kernel, to shared memory for the one-row kernel's cluster sums) on the call's tail.
-template <typename Load>
-__device__ inline float sum_in_split_order(int splits, Load load) {
-  constexpr int kSplitsInFlight = 8;
-  float sum = 0.0f;
-  for (int first = 0; first < splits; first += kSplitsInFlight) {
-    float part[kSplitsInFlight];
-#pragma unroll
-    for (int j = 0; j < kSplitsInFlight; ++j) part[j] = first + j < splits ? load(first + j) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kSplitsInFlight; ++j)
-      if (first + j < splits) sum += part[j];
-  }
-  return sum;
-}
-
 // Writes a tile's sums of an item (acc[h][i]: feature first_feature + g + 8 (i / 2), row 8h + 2q + i % 2):
 // the output, or with K split the item's split partials.
 template <int kHalves>
@@ -761,13 +744,12 @@ __device__ void store_item_sums(const MmaArgs& a, const MmaItem& item, const flo
 // leave. Sums by the last block to finish (found by a ticket) would put the stores' release, the ticket's
 // round trip and the sums' loads on every block's path: 37% of the ring linears' time in a verify step on the
 // H200 (with this kernel verify 3.94 -> 3.53 ms, decode 2.12 -> 2.09).
-// A split call's partials ([splits][rows][features]) and where their sums go.
+// A split call's partials and where their sums go: [rows][features] of out.
 struct SplitPartials {
   float* out;
   int64_t out_stride;
-  const float* partials;
+  UnsummedSplits source;
   int64_t rows, features;
-  int splits;
 };
 
 // Element (row, feature) of the output is its splits' partials added in split order from zero. A thread an
@@ -779,10 +761,11 @@ __global__ void __launch_bounds__(kSplitSumThreads) sum_split_partials_kernel(Sp
   allow_next_kernel();
   const int64_t element = blockIdx.x * int64_t{kSplitSumThreads} + threadIdx.x;
   if (element >= p.rows * p.features) return;
-  const int64_t split_stride = p.rows * p.features;
+  const int64_t row = element / p.features, feature = element % p.features;
+  const float* first = p.source.partials + row * p.source.row_stride + feature;
   const float sum = sum_in_split_order(
-      p.splits, [&](int split) { return __ldcg(p.partials + split * split_stride + element); });
-  p.out[element / p.features * p.out_stride + element % p.features] = sum;
+      p.source.splits, [&](int split) { return __ldcg(first + split * p.source.split_stride); });
+  p.out[row * p.out_stride + feature] = sum;
 }
 
 cudaError_t launch_split_sums(const SplitPartials& p, cudaStream_t stream) {
@@ -794,19 +777,23 @@ cudaError_t launch_split_sums(const SplitPartials& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_split_partial_sums(const Tensor& out, const float* partials, int splits,
-                                      cudaStream_t stream) {
+cudaError_t launch_split_partial_sums(const Tensor& out, const UnsummedSplits& splits, cudaStream_t stream) {
   return launch_split_sums(
-      {out.ptr<float>(), out.rows <= 1 ? out.cols : out.stride, partials, out.rows, out.cols, splits},
-      stream);
+      {out.ptr<float>(), out.rows <= 1 ? out.cols : out.stride, splits, out.rows, out.cols}, stream);
 }
 
 namespace {
 
-// After a many-row kernel's launch (`status`): the sums of its split partials, if K was split.
-cudaError_t launch_split_sums_after(cudaError_t status, const MmaArgs& a, cudaStream_t stream) {
-  if (status != cudaSuccess || a.splits == 1) return status;
-  return launch_split_sums({a.out, a.out_stride, a.partials, a.rows, a.out_features, a.splits}, stream);
+// After a linear's launch (`status`) that left split partials: their sums, by the sums kernel or, where the
+// workspace asks, by the op that reads the output (LinearMmaWorkspace::unsummed_splits).
+cudaError_t sum_split_partials(cudaError_t status, const SplitPartials& p,
+                               const LinearMmaWorkspace& workspace, cudaStream_t stream) {
+  if (status != cudaSuccess || !p.source.any()) return status;
+  if (workspace.unsummed_splits != nullptr) {
+    *workspace.unsummed_splits = p.source.splits;
+    return status;
+  }
+  return launch_split_sums(p, stream);
 }
 
 // One staged chunk of x times kTiles tiles' weights of that chunk, into the tiles' sums: the arithmetic of
@@ -1450,26 +1437,23 @@ cudaError_t launch_mma_kernel(const MmaArgs& args, const Weights& weights, const
   // faster at any W4A16 shape of the 4B and up to 25% slower at 16 rows (bench/results/cuda-ops-notes.md).
   const int64_t blocks =
       tuning.grid_blocks > 0 && tuning.grid_blocks < args.items ? tuning.grid_blocks : args.items;
-  return launch_split_sums_after(
-      launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX, kWholeChunks>,
-                    static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights),
-      args, stream);
+  return launch_kernel(linear_mma_kernel<Weights, kHalves, kAlignedX, kWholeChunks>,
+                       static_cast<unsigned>(blocks), kThreads, 0, stream, args, weights);
 }
 
 // The ring kernel's shared memory is at most this (3 blocks of it fit an H200 SM's 227 KB).
 constexpr int64_t kRingMaxBytes = 74 * 1024;
 
 // A ring kernel's launch (linear_ring_kernel or its TMA form, kKernel): a block an item with `bytes` of
-// shared memory (up to kRingMaxBytes, allowed once per kernel), then the split sums.
+// shared memory (up to kRingMaxBytes, allowed once per kernel), without the split sums.
 template <auto kKernel, typename... Params>
 cudaError_t launch_ring_form(const MmaArgs& args, int64_t bytes, cudaStream_t stream,
                              const Params&... params) {
   static const cudaError_t attribute = cudaFuncSetAttribute(
       kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingMaxBytes));
   if (attribute != cudaSuccess) return attribute;
-  return launch_split_sums_after(launch_kernel(kKernel, static_cast<unsigned>(args.items), kThreads,
-                                               static_cast<size_t>(bytes), stream, args, params...),
-                                 args, stream);
+  return launch_kernel(kKernel, static_cast<unsigned>(args.items), kThreads, static_cast<size_t>(bytes),
+                       stream, args, params...);
 }
 
 bool aligned(const void* p, uintptr_t bytes) {
@@ -1540,6 +1524,37 @@ bool launch_ring_tma(const MmaArgs& args, const Weights& weights, bool aligned_x
   return true;
 }
 
+// The many-row kernel that takes the call (args: linear_mma_kernel's items), without the split sums.
+template <typename Weights, int kHalves>
+cudaError_t launch_mma_kernels(const MmaArgs& args, bool aligned_x, const Weights& weights,
+                               const LinearMmaTuning& tuning, cudaStream_t stream) {
+  const int64_t in_features = args.in_features;
+  if constexpr (Weights::kRingCopies) {
+    const int64_t bytes = RingLayout::bytes(kHalves * 8, args.chunks_per_split);
+    if (tuning.ring_kernel && tuning.grid_blocks == 0 && whole_chunk_loads(in_features) &&
+        weights.ring_aligned() && bytes <= kRingMaxBytes) {
+      MmaArgs ring_args = args;
+      ring_args.items =
+          (args.out_features + kRingGroupFeatures - 1) / kRingGroupFeatures * args.splits * args.passes;
+      cudaError_t status = cudaSuccess;
+      if (launch_ring_tma<kHalves>(ring_args, weights, aligned_x, tuning, stream, status)) return status;
+      if (aligned_x)
+        return launch_ring_form<linear_ring_kernel<Weights, kHalves, true>>(ring_args, bytes, stream,
+                                                                            weights);
+      return launch_ring_form<linear_ring_kernel<Weights, kHalves, false>>(ring_args, bytes, stream, weights);
+    }
+  }
+  // Vector scales come with whole chunks only: their kernels without whole chunks are never built.
+  const bool whole = Weights::kAlwaysWhole || whole_chunk_loads(in_features);
+  if constexpr (!Weights::kAlwaysWhole) {
+    if (!whole && aligned_x)
+      return launch_mma_kernel<Weights, kHalves, true, false>(args, weights, tuning, stream);
+    if (!whole) return launch_mma_kernel<Weights, kHalves, false, false>(args, weights, tuning, stream);
+  }
+  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true, true>(args, weights, tuning, stream);
+  return launch_mma_kernel<Weights, kHalves, false, true>(args, weights, tuning, stream);
+}
+
 template <typename Weights, int kHalves>
 cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features, int64_t in_features,
                        const Weights& weights, const LinearMmaWorkspace& workspace,
@@ -1560,30 +1575,12 @@ cudaError_t launch_mma(const Tensor& out, const Tensor& x, int64_t out_features,
                      split.chunks_per_split,
                      groups * split.splits * passes,
                      workspace.partials};
-  const bool aligned_x = rows_aligned_to_float4(x);
-  if constexpr (Weights::kRingCopies) {
-    const int64_t bytes = RingLayout::bytes(kHalves * 8, split.chunks_per_split);
-    if (tuning.ring_kernel && tuning.grid_blocks == 0 && whole_chunk_loads(in_features) &&
-        weights.ring_aligned() && bytes <= kRingMaxBytes) {
-      MmaArgs ring_args = args;
-      ring_args.items = (out_features + kRingGroupFeatures - 1) / kRingGroupFeatures * split.splits * passes;
-      cudaError_t status = cudaSuccess;
-      if (launch_ring_tma<kHalves>(ring_args, weights, aligned_x, tuning, stream, status)) return status;
-      if (aligned_x)
-        return launch_ring_form<linear_ring_kernel<Weights, kHalves, true>>(ring_args, bytes, stream,
-                                                                            weights);
-      return launch_ring_form<linear_ring_kernel<Weights, kHalves, false>>(ring_args, bytes, stream, weights);
-    }
-  }
-  // Vector scales come with whole chunks only: their kernels without whole chunks are never built.
-  const bool whole = Weights::kAlwaysWhole || whole_chunk_loads(in_features);
-  if constexpr (!Weights::kAlwaysWhole) {
-    if (!whole && aligned_x)
-      return launch_mma_kernel<Weights, kHalves, true, false>(args, weights, tuning, stream);
-    if (!whole) return launch_mma_kernel<Weights, kHalves, false, false>(args, weights, tuning, stream);
-  }
-  if (aligned_x) return launch_mma_kernel<Weights, kHalves, true, true>(args, weights, tuning, stream);
-  return launch_mma_kernel<Weights, kHalves, false, true>(args, weights, tuning, stream);
+  const SplitPartials partials{args.out, args.out_stride,
+                               UnsummedSplits::packed(args.partials, args.splits, args.rows, out_features),
+                               args.rows, out_features};
+  return sum_split_partials(
+      launch_mma_kernels<Weights, kHalves>(args, rows_aligned_to_float4(x), weights, tuning, stream),
+      partials, workspace, stream);
 }
 
 constexpr int64_t kRowMaxStageBytes = 48 * 1024;  // no shared-memory opt-in
@@ -1693,8 +1690,11 @@ cudaError_t launch_row(const Tensor& out, const Tensor& x, const float* up, int6
     return launch_kernel_in_clusters(linear_row_kernel<Weights, decltype(whole)::value>, grid, kThreads,
                                      shared, cluster, stream, args, weights);
   });
-  if (status != cudaSuccess || parts == 1 || cluster_sums) return status;
-  return launch_split_sums({args.out, 0, args.partials, 1, out_features, args.splits}, stream);
+  if (parts == 1 || cluster_sums) return status;
+  return sum_split_partials(
+      status,
+      {args.out, 0, UnsummedSplits::packed(args.partials, args.splits, 1, out_features), 1, out_features},
+      workspace, stream);
 }
 
 template <typename Weights>
@@ -1779,6 +1779,7 @@ cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const float* u
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning) {
+  if (workspace.unsummed_splits != nullptr) *workspace.unsummed_splits = 0;
   return launch_linear_mma(out, x, nullptr, w, workspace, stream, tuning);
 }
 
@@ -1790,6 +1791,7 @@ bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w) {
 cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream) {
   // The up half shares the gate half's row stride and, in_features being a multiple of 32, its alignment.
+  if (workspace.unsummed_splits != nullptr) *workspace.unsummed_splits = 0;
   const Tensor gate = gate_up.cols_view(0, w.in_features),
                up = gate_up.cols_view(w.in_features, w.in_features);
   return launch_linear_mma(out, gate, up.ptr<const float>(), w, workspace, stream, {});

@@ -918,7 +918,8 @@ cudaError_t launch_w4a16_gemm(const Tensor& out, const void* x_bf16, const Linea
                                  ? launch_gemm<RowBlocks128>(a, per_chunk, wgmma, workspace, stream)
                                  : launch_gemm<RowBlocks64>(a, per_chunk, wgmma, workspace, stream);
   if (status != cudaSuccess || partials == nullptr) return status;
-  return launch_split_partial_sums(out, partials, static_cast<int>(split.splits), stream);
+  return launch_split_partial_sums(
+      out, UnsummedSplits::packed(partials, static_cast<int>(split.splits), out.rows, out.cols), stream);
 }
 
 }  // namespace qspec::cuda

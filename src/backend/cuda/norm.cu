@@ -17,6 +17,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/split_sums.cuh"
 
 namespace qspec::cuda {
 
@@ -25,7 +26,9 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int kMaxQuadsPerThread = 8;
 
-enum class NormInput { Plain, Gated, Residual };
+// ResidualOfSplits: Residual with delta's values still a linear's split partials (UnsummedSplits), added
+// here and stored into delta, as the linears' sums kernel would have stored them.
+enum class NormInput { Plain, Gated, Residual, ResidualOfSplits };
 
 // kResidual: x is updated in place (x += delta) before it is normalised; each thread reads back only the
 // elements it wrote.
@@ -77,7 +80,8 @@ __device__ inline void store4(float* p, float4 v) {
 template <typename W, NormInput kInput, int kQuads, bool kWarpGroups>
 __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, __nv_bfloat16* operand, float* x,
                                      int64_t x_stride, const W* weight, const float* z, int64_t z_stride,
-                                     int quads, int groups, float eps, float weight_offset) {
+                                     int quads, int groups, float eps, float weight_offset,
+                                     UnsummedSplits delta_splits, float* delta_sums) {
   wait_for_previous_kernel();
   allow_next_kernel_unless_cublas_next(operand != nullptr);
   constexpr bool kGated = kInput == NormInput::Gated;
@@ -104,8 +108,14 @@ __global__ void rmsnorm_quads_kernel(float* out, int64_t out_stride, __nv_bfloat
     if constexpr (kGated) gates[k] = load4(side + 4 * q);
 #pragma unroll
     for (int e = 0; e < 4; ++e) scales[k][e] = weight_offset + to_float(weight[4 * q + e]);
-    if constexpr (kInput == NormInput::Residual) {
-      const float4 d = load4(side + 4 * q);
+    if constexpr (kInput == NormInput::Residual || kInput == NormInput::ResidualOfSplits) {
+      float4 d;
+      if constexpr (kInput == NormInput::ResidualOfSplits) {
+        d = sum4_in_split_order(delta_splits, t, first + 4 * q);
+        store4(delta_sums + t * z_stride + first + 4 * q, d);
+      } else {
+        d = load4(side + 4 * q);
+      }
       v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
       store4(in + 4 * q, v);
     }
@@ -160,7 +170,8 @@ QuadsShape quads_shape(int64_t quads) {
 
 template <typename W, NormInput kInput, int kQuads>
 cudaError_t launch_quads(const Tensor& out, __nv_bfloat16* operand, const Tensor& x, const Tensor& weight,
-                         const Tensor& z, float eps, float weight_offset, int threads, cudaStream_t stream) {
+                         const Tensor& z, const UnsummedSplits& z_splits, float eps, float weight_offset,
+                         int threads, cudaStream_t stream) {
   const int64_t groups = x.cols / weight.cols;
   const auto quads = static_cast<int>(weight.cols / 4);
   if constexpr (kQuads == 1) {
@@ -171,45 +182,56 @@ cudaError_t launch_quads(const Tensor& out, __nv_bfloat16* operand, const Tensor
       return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads, true>, grid, kBlock, 0, stream,
                            out.ptr<float>(), out.stride, operand, x.ptr<float>(), x.stride,
                            weight.ptr<const W>(), z.ptr<const float>(), z.stride, quads,
-                           static_cast<int>(groups), eps, weight_offset);
+                           static_cast<int>(groups), eps, weight_offset, z_splits, z.ptr<float>());
     }
   }
   const dim3 grid(static_cast<unsigned int>(groups), static_cast<unsigned int>(x.rows));
   return launch_kernel(rmsnorm_quads_kernel<W, kInput, kQuads, false>, grid, threads, 0, stream,
                        out.ptr<float>(), out.stride, operand, x.ptr<float>(), x.stride, weight.ptr<const W>(),
-                       z.ptr<const float>(), z.stride, quads, static_cast<int>(groups), eps, weight_offset);
+                       z.ptr<const float>(), z.stride, quads, static_cast<int>(groups), eps, weight_offset,
+                       z_splits, z.ptr<float>());
 }
 
-// out: the F32 rows (empty: none); operand: the BF16 rows for cuBLAS (null: none).
+// out: the F32 rows (empty: none); operand: the BF16 rows for cuBLAS (null: none). z_splits: ResidualOfSplits
+// only (the other forms read z's values).
 template <NormInput kInput>
 cudaError_t launch_norm(const Tensor& out, __nv_bfloat16* operand, const Tensor& x, const Tensor& weight,
-                        const Tensor& z, float eps, bool unit_offset, cudaStream_t stream) {
+                        const Tensor& z, float eps, bool unit_offset, cudaStream_t stream,
+                        const UnsummedSplits& z_splits = {}) {
   if (x.rows == 0 || x.cols == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned int>(x.cols / weight.cols), static_cast<unsigned int>(x.rows));
   const float weight_offset = unit_offset ? 1.0f : 0.0f;
   const QuadsShape shape = quads_shape(weight.cols / 4);
   const bool quads = weight.cols % 4 == 0 && shape.quads_per_thread <= kMaxQuadsPerThread &&
                      rows_aligned_to_float4(out) && rows_aligned_to_float4(x) &&
-                     (kInput == NormInput::Plain || rows_aligned_to_float4(z));
+                     (kInput == NormInput::Plain || rows_aligned_to_float4(z)) && z_splits.float4_aligned();
   return with_weight_type(weight.dtype, [&](auto type) {
     using W = decltype(type);
     if (quads) {
       static_assert(kMaxQuadsPerThread == 8, "one case per register kernel");
       if (shape.quads_per_thread <= 1)
-        return launch_quads<W, kInput, 1>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
-                                          stream);
+        return launch_quads<W, kInput, 1>(out, operand, x, weight, z, z_splits, eps, weight_offset,
+                                          shape.threads, stream);
       if (shape.quads_per_thread <= 2)
-        return launch_quads<W, kInput, 2>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
-                                          stream);
+        return launch_quads<W, kInput, 2>(out, operand, x, weight, z, z_splits, eps, weight_offset,
+                                          shape.threads, stream);
       if (shape.quads_per_thread <= 4)
-        return launch_quads<W, kInput, 4>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
-                                          stream);
-      return launch_quads<W, kInput, 8>(out, operand, x, weight, z, eps, weight_offset, shape.threads,
-                                        stream);
+        return launch_quads<W, kInput, 4>(out, operand, x, weight, z, z_splits, eps, weight_offset,
+                                          shape.threads, stream);
+      return launch_quads<W, kInput, 8>(out, operand, x, weight, z, z_splits, eps, weight_offset,
+                                        shape.threads, stream);
     }
-    return launch_kernel(rmsnorm_kernel<W, kInput>, grid, kBlock, 0, stream, out.ptr<float>(), out.stride,
-                         operand, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
-                         z.stride, weight.cols, eps, weight_offset);
+    if constexpr (kInput == NormInput::ResidualOfSplits) {
+      // The element-wise kernel reads delta's values: the sums kernel stores them first.
+      const cudaError_t status = launch_split_partial_sums(z, z_splits, stream);
+      return status != cudaSuccess
+                 ? status
+                 : launch_norm<NormInput::Residual>(out, operand, x, weight, z, eps, unit_offset, stream);
+    } else {
+      return launch_kernel(rmsnorm_kernel<W, kInput>, grid, kBlock, 0, stream, out.ptr<float>(), out.stride,
+                           operand, x.ptr<float>(), x.stride, weight.ptr<const W>(), z.ptr<const float>(),
+                           z.stride, weight.cols, eps, weight_offset);
+    }
   });
 }
 
@@ -221,8 +243,12 @@ cudaError_t launch_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& wei
   return launch_norm<NormInput::Gated>(out, nullptr, x, weight, z, eps, unit_offset, stream);
 }
 
-cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta, const Tensor& weight,
-                               float eps, bool unit_offset, cudaStream_t stream) {
+cudaError_t launch_add_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& delta,
+                               const UnsummedSplits& delta_splits, const Tensor& weight, float eps,
+                               bool unit_offset, cudaStream_t stream) {
+  if (delta_splits.any())
+    return launch_norm<NormInput::ResidualOfSplits>(out, nullptr, x, weight, delta, eps, unit_offset, stream,
+                                                    delta_splits);
   return launch_norm<NormInput::Residual>(out, nullptr, x, weight, delta, eps, unit_offset, stream);
 }
 
