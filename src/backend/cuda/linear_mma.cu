@@ -1765,6 +1765,7 @@ cudaError_t launch_packed_int4(const Tensor& out, const Tensor& x, const float* 
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const float* up, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning) {
+  if (workspace.unsummed_splits != nullptr) *workspace.unsummed_splits = 0;  // until a call leaves some
   if (w.quantized()) {
     if (w.scales.dtype == DType::BF16)
       return launch_packed_int4<__nv_bfloat16>(out, x, up, w, workspace, tuning, stream);
@@ -1779,7 +1780,6 @@ cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const float* u
 cudaError_t launch_linear_mma(const Tensor& out, const Tensor& x, const LinearWeight& w,
                               const LinearMmaWorkspace& workspace, cudaStream_t stream,
                               const LinearMmaTuning& tuning) {
-  if (workspace.unsummed_splits != nullptr) *workspace.unsummed_splits = 0;
   return launch_linear_mma(out, x, nullptr, w, workspace, stream, tuning);
 }
 
@@ -1791,7 +1791,6 @@ bool gated_linear_mma_supports(const Tensor& gate_up, const LinearWeight& w) {
 cudaError_t launch_gated_linear_mma(const Tensor& out, const Tensor& gate_up, const LinearWeight& w,
                                     const LinearMmaWorkspace& workspace, cudaStream_t stream) {
   // The up half shares the gate half's row stride and, in_features being a multiple of 32, its alignment.
-  if (workspace.unsummed_splits != nullptr) *workspace.unsummed_splits = 0;
   const Tensor gate = gate_up.cols_view(0, w.in_features),
                up = gate_up.cols_view(w.in_features, w.in_features);
   return launch_linear_mma(out, gate, up.ptr<const float>(), w, workspace, stream, {});

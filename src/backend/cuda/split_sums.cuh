@@ -10,12 +10,13 @@
 
 namespace qspec::cuda {
 
-// A sum of split partials in split order from zero: split s's partial is load(s). Eight splits' loads are
-// issued together: each round is one round trip (to L2 for the sums kernel, to shared memory for the one-row
-// kernel's cluster sums) on the call's tail.
+// Splits whose loads are issued together: each round is one round trip (to L2 for the sums kernel, to shared
+// memory for the one-row kernel's cluster sums) on the call's tail.
+inline constexpr int kSplitsInFlight = 8;
+
+// A sum of split partials in split order from zero: split s's partial is load(s).
 template <typename Load>
 __device__ inline float sum_in_split_order(int splits, Load load) {
-  constexpr int kSplitsInFlight = 8;
   float sum = 0.0f;
   for (int first = 0; first < splits; first += kSplitsInFlight) {
     float part[kSplitsInFlight];
@@ -31,7 +32,6 @@ __device__ inline float sum_in_split_order(int splits, Load load) {
 // Four consecutive values of an unsummed tensor (row `row`, columns column .. column + 3, 16-byte aligned
 // partials): each one sum_in_split_order's sum, element by element.
 __device__ inline float4 sum4_in_split_order(const UnsummedSplits& u, int64_t row, int64_t column) {
-  constexpr int kSplitsInFlight = 8;
   const float* first_partial = u.partials + row * u.row_stride + column;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int first = 0; first < u.splits; first += kSplitsInFlight) {
